@@ -1,0 +1,168 @@
+// Python bindings of the chunk engine and CRC32C (module threefs._C).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "chunk_engine.h"
+#include "crc32c.h"
+
+namespace py = pybind11;
+using namespace threefs;
+
+namespace {
+py::object g_checksum_error, g_version_error;
+
+py::dict meta_dict(const ChunkMeta& m) {
+  py::dict d;
+  d["committed_ver"] = m.committed_ver;
+  d["pending_ver"] = m.pending_ver;
+  d["chain_ver"] = m.chain_ver;
+  d["size"] = m.size;
+  d["crc"] = m.crc;
+  d["pending_size"] = m.pending_size;
+  d["pending_crc"] = m.pending_crc;
+  return d;
+}
+
+struct Buf {
+  const char* ptr;
+  size_t len;
+  py::buffer_info info;
+  explicit Buf(const py::buffer& b) : info(b.request()) {
+    if (info.ndim > 1 && !(info.strides.size() && info.strides.back() == info.itemsize))
+      throw py::type_error("data must be a contiguous bytes-like object");
+    ptr = static_cast<const char*>(info.ptr);
+    len = static_cast<size_t>(info.size * info.itemsize);
+  }
+};
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "threefs native module: chunk engine and CRC32C";
+  m.def("with_cuda", [] { return false; });
+  m.def("crc32c_hardware", &crc32c_hardware);
+  m.def(
+      "crc32c",
+      [](py::buffer data, uint32_t crc) {
+        Buf b(data);
+        py::gil_scoped_release nogil;
+        return crc32c(crc, b.ptr, b.len);
+      },
+      py::arg("data"), py::arg("crc") = 0);
+
+  g_checksum_error = py::exception<ChecksumError>(m, "ChecksumError", PyExc_IOError);
+  g_version_error = py::exception<VersionError>(m, "VersionError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const IoError& e) {
+      py::object err = py::module_::import("builtins").attr("OSError")(e.err, e.what());
+      PyErr_SetObject(PyExc_OSError, err.ptr());
+    } catch (const ChecksumError& e) {
+      PyErr_SetString(g_checksum_error.ptr(), e.what());
+    } catch (const VersionError& e) {
+      PyErr_SetString(g_version_error.ptr(), e.what());
+    }
+  });
+
+  py::class_<ChunkEngine>(m, "ChunkEngine")
+      .def(py::init<const std::string&, const std::string&, uint64_t, uint32_t>(),
+           py::arg("root"), py::arg("fsync_policy"), py::arg("capacity_bytes"),
+           py::arg("max_chunk_size"))
+      .def(
+          "update",
+          [](ChunkEngine& e, py::bytes id, uint64_t ver, uint64_t chain_ver, uint64_t offset,
+             py::buffer data, int64_t truncate_to, bool full_replace) {
+            std::string k = id;
+            Buf b(data);
+            ChunkMeta r;
+            {
+              py::gil_scoped_release nogil;
+              r = e.update(k, ver, chain_ver, offset, b.ptr, b.len, truncate_to, full_replace);
+            }
+            return meta_dict(r);
+          },
+          py::arg("chunk_id"), py::arg("ver"), py::arg("chain_ver"), py::arg("offset"),
+          py::arg("data"), py::arg("truncate_to") = -1, py::arg("full_replace") = false)
+      .def(
+          "commit",
+          [](ChunkEngine& e, py::bytes id, uint64_t ver) {
+            std::string k = id;
+            py::gil_scoped_release nogil;
+            return e.commit(k, ver);
+          },
+          py::arg("chunk_id"), py::arg("ver"))
+      .def(
+          "replace_committed",
+          [](ChunkEngine& e, py::bytes id, uint64_t ver, uint64_t chain_ver, py::buffer data) {
+            std::string k = id;
+            Buf b(data);
+            ChunkMeta r;
+            {
+              py::gil_scoped_release nogil;
+              r = e.replace_committed(k, ver, chain_ver, b.ptr, b.len);
+            }
+            return meta_dict(r);
+          },
+          py::arg("chunk_id"), py::arg("ver"), py::arg("chain_ver"), py::arg("data"))
+      .def(
+          "read",
+          [](ChunkEngine& e, py::bytes id, uint64_t offset, uint64_t length,
+             bool verify) -> py::object {
+            std::string k = id;
+            PyObject* out = nullptr;
+            bool found;
+            std::exception_ptr err;
+            {
+              py::gil_scoped_release nogil;
+              // allocate the result bytes object once and read straight into it
+              try {
+                found = e.read(k, offset, length, verify, [&](size_t n) -> char* {
+                  py::gil_scoped_acquire gil;
+                  out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(n));
+                  if (!out) throw std::bad_alloc();
+                  return PyBytes_AS_STRING(out);
+                });
+              } catch (...) {
+                err = std::current_exception();
+              }
+            }
+            if (err) {
+              Py_XDECREF(out);
+              std::rethrow_exception(err);
+            }
+            if (!found) return py::none();
+            return py::reinterpret_steal<py::object>(out);
+          },
+          py::arg("chunk_id"), py::arg("offset"), py::arg("length"), py::arg("verify") = true)
+      .def(
+          "meta",
+          [](ChunkEngine& e, py::bytes id) -> py::object {
+            auto m = e.meta(std::string(id));
+            if (!m) return py::none();
+            return meta_dict(*m);
+          },
+          py::arg("chunk_id"))
+      .def(
+          "list",
+          [](ChunkEngine& e, py::bytes prefix, size_t limit) {
+            py::list out;
+            for (auto& kv : e.list(std::string(prefix), limit))
+              out.append(py::make_tuple(py::bytes(kv.first), meta_dict(kv.second)));
+            return out;
+          },
+          py::arg("prefix") = py::bytes(""), py::arg("limit") = size_t(1) << 62)
+      .def(
+          "remove", [](ChunkEngine& e, py::bytes id) { return e.remove(std::string(id)); },
+          py::arg("chunk_id"))
+      .def(
+          "chunk_path",
+          [](ChunkEngine& e, py::bytes id, bool pending) {
+            return e.chunk_path(std::string(id), pending);
+          },
+          py::arg("chunk_id"), py::arg("pending") = false)
+      .def("used_bytes", &ChunkEngine::used_bytes)
+      .def("capacity_bytes", &ChunkEngine::capacity_bytes)
+      .def("chunk_count", &ChunkEngine::chunk_count)
+      .def("set_crash_point", &ChunkEngine::set_crash_point, py::arg("point"))
+      .def_property_readonly("root", &ChunkEngine::root);
+}

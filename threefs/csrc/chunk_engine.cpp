@@ -1,0 +1,471 @@
+#include "chunk_engine.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "crc32c.h"
+
+namespace threefs {
+namespace {
+
+constexpr uint32_t kMagic = 0x43534633;  // "3FSC"
+constexpr size_t kHeader = 64;
+
+// On-disk header: magic u32 | format u32 | version u64 | chain_ver u64 | size u32 | crc u32 |
+// reserved (28 bytes) | header crc u32 (over the first 60 bytes).
+struct Header {
+  uint64_t ver = 0, chain_ver = 0;
+  uint32_t size = 0, crc = 0;
+};
+
+void encode(const Header& h, char* out) {
+  std::memset(out, 0, kHeader);
+  uint32_t fmt = 1;
+  std::memcpy(out, &kMagic, 4);
+  std::memcpy(out + 4, &fmt, 4);
+  std::memcpy(out + 8, &h.ver, 8);
+  std::memcpy(out + 16, &h.chain_ver, 8);
+  std::memcpy(out + 24, &h.size, 4);
+  std::memcpy(out + 28, &h.crc, 4);
+  uint32_t hc = crc32c(0, out, 60);
+  std::memcpy(out + 60, &hc, 4);
+}
+
+bool decode(const char* in, Header* h) {
+  uint32_t magic, hc;
+  std::memcpy(&magic, in, 4);
+  std::memcpy(&hc, in + 60, 4);
+  if (magic != kMagic || hc != crc32c(0, in, 60)) return false;
+  std::memcpy(&h->ver, in + 8, 8);
+  std::memcpy(&h->chain_ver, in + 16, 8);
+  std::memcpy(&h->size, in + 24, 4);
+  std::memcpy(&h->crc, in + 28, 4);
+  return true;
+}
+
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+IoError sys_error(const std::string& what) {
+  int e = errno;
+  return IoError(e, what + ": " + std::strerror(e));
+}
+
+void pread_full(int fd, char* buf, size_t n, off_t off) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, buf, n, off);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw sys_error("pread");
+    }
+    if (r == 0) throw ChecksumError("chunk file shorter than its header says");
+    buf += r;
+    n -= r;
+    off += r;
+  }
+}
+
+bool read_header(int fd, Header* h) {
+  char buf[kHeader];
+  ssize_t r = ::pread(fd, buf, kHeader, 0);
+  return r == (ssize_t)kHeader && decode(buf, h);
+}
+
+std::string hex(const std::string& id) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  s.reserve(id.size() * 2);
+  for (unsigned char c : id) {
+    s.push_back(d[c >> 4]);
+    s.push_back(d[c & 15]);
+  }
+  return s;
+}
+
+bool unhex(const std::string& s, std::string* out) {
+  if (s.size() % 2) return false;
+  out->clear();
+  for (size_t i = 0; i < s.size(); i += 2) {
+    auto v = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    int a = v(s[i]), b = v(s[i + 1]);
+    if (a < 0 || b < 0) return false;
+    out->push_back(static_cast<char>(a * 16 + b));
+  }
+  return true;
+}
+
+bool ends_with(const std::string& s, const char* suf) {
+  size_t n = std::strlen(suf);
+  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+off_t file_size(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 ? st.st_size : 0;
+}
+}  // namespace
+
+ChunkEngine::ChunkEngine(const std::string& root, const std::string& fsync_policy,
+                         uint64_t capacity_bytes, uint32_t max_chunk_size)
+    : root_(root), capacity_(capacity_bytes), max_chunk_(max_chunk_size) {
+  if (fsync_policy == "none")
+    policy_ = FsyncPolicy::None;
+  else if (fsync_policy == "data")
+    policy_ = FsyncPolicy::Data;
+  else if (fsync_policy == "full")
+    policy_ = FsyncPolicy::Full;
+  else
+    throw std::invalid_argument("fsync_policy must be 'none', 'data' or 'full', got '" +
+                                fsync_policy + "'");
+  if (::mkdir(root_.c_str(), 0755) != 0 && errno != EEXIST) throw sys_error("mkdir " + root_);
+  for (int i = 0; i < 256; i++) {
+    char sub[4];
+    std::snprintf(sub, sizeof sub, "%02x", i);
+    std::string d = root_ + "/" + sub;
+    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) throw sys_error("mkdir " + d);
+  }
+  recover();
+}
+
+std::string ChunkEngine::dir_of(const std::string& id) const {
+  char sub[4];
+  std::snprintf(sub, sizeof sub, "%02x", crc32c(0, id.data(), id.size()) & 0xFF);
+  return root_ + "/" + sub;
+}
+
+std::string ChunkEngine::chunk_path(const std::string& id, bool pending) const {
+  return dir_of(id) + "/" + hex(id) + (pending ? ".p" : ".c");
+}
+
+void ChunkEngine::maybe_crash(const char* point) const {
+  if (!crash_point_.empty() && crash_point_ == point) ::_exit(86);
+}
+
+void ChunkEngine::fsync_dir(const std::string& path) const {
+  if (policy_ != FsyncPolicy::Full) return;
+  Fd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY));
+  if (d.fd >= 0) ::fsync(d.fd);
+}
+
+void ChunkEngine::recover() {
+  std::lock_guard<std::mutex> g(mu_);
+  chunks_.clear();
+  used_ = 0;
+  for (int i = 0; i < 256; i++) {
+    char sub[4];
+    std::snprintf(sub, sizeof sub, "%02x", i);
+    std::string d = root_ + "/" + sub;
+    DIR* dir = ::opendir(d.c_str());
+    if (!dir) continue;
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(dir)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(dir);
+    // committed files first so that pending ones can be compared with them
+    for (int pass = 0; pass < 2; pass++) {
+      for (const auto& n : names) {
+        std::string p = d + "/" + n, id;
+        if (ends_with(n, ".tmp")) {
+          if (pass == 0) ::unlink(p.c_str());
+          continue;
+        }
+        bool is_c = ends_with(n, ".c"), is_p = ends_with(n, ".p");
+        if ((pass == 0 && !is_c) || (pass == 1 && !is_p)) continue;
+        if (!unhex(n.substr(0, n.size() - 2), &id)) continue;
+        Fd f(::open(p.c_str(), O_RDONLY));
+        Header h;
+        bool ok = f.fd >= 0 && read_header(f.fd, &h) && file_size(p) == off_t(kHeader + h.size);
+        if (is_c) {
+          if (!ok) {  // unreadable committed file: keep it aside, sync will restore the chunk
+            ::rename(p.c_str(), (p + ".bad").c_str());
+            continue;
+          }
+          ChunkMeta& m = chunks_[id];
+          m.committed_ver = h.ver;
+          m.chain_ver = h.chain_ver;
+          m.size = h.size;
+          m.crc = h.crc;
+          used_ += kHeader + h.size;
+        } else {
+          auto it = chunks_.find(id);
+          uint64_t cv = it == chunks_.end() ? 0 : it->second.committed_ver;
+          if (!ok || h.ver <= cv) {
+            ::unlink(p.c_str());
+            continue;
+          }
+          ChunkMeta& m = chunks_[id];
+          m.pending_ver = h.ver;
+          m.pending_size = h.size;
+          m.pending_crc = h.crc;
+          m.chain_ver = std::max(m.chain_ver, h.chain_ver);
+          used_ += kHeader + h.size;
+        }
+      }
+    }
+  }
+}
+
+void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t chain_ver,
+                             const std::vector<std::pair<const char*, size_t>>& parts,
+                             size_t size, uint32_t crc) {
+  std::string tmp = path + ".tmp";
+  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  if (f.fd < 0) throw sys_error("open " + tmp);
+  char hdr[kHeader];
+  Header h;
+  h.ver = ver;
+  h.chain_ver = chain_ver;
+  h.size = static_cast<uint32_t>(size);
+  h.crc = crc;
+  encode(h, hdr);
+  std::vector<iovec> iov;
+  iov.push_back({hdr, kHeader});
+  for (auto& p : parts)
+    if (p.second) iov.push_back({const_cast<char*>(p.first), p.second});
+  size_t total = kHeader + size, done = 0;
+  size_t idx = 0;
+  while (done < total) {
+    ssize_t w = ::writev(f.fd, iov.data() + idx, static_cast<int>(iov.size() - idx));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      IoError e = sys_error("write " + tmp);
+      ::unlink(tmp.c_str());
+      throw e;
+    }
+    done += w;
+    while (idx < iov.size() && size_t(w) >= iov[idx].iov_len) {
+      w -= iov[idx].iov_len;
+      idx++;
+    }
+    if (idx < iov.size()) {
+      iov[idx].iov_base = static_cast<char*>(iov[idx].iov_base) + w;
+      iov[idx].iov_len -= w;
+    }
+  }
+  if (policy_ != FsyncPolicy::None && ::fsync(f.fd) != 0) {
+    IoError e = sys_error("fsync " + tmp);
+    ::unlink(tmp.c_str());
+    throw e;
+  }
+  maybe_crash("after_data_write");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    IoError e = sys_error("rename " + tmp);
+    ::unlink(tmp.c_str());
+    throw e;
+  }
+  fsync_dir(path.substr(0, path.rfind('/')));
+}
+
+ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chain_ver,
+                              uint64_t offset, const char* data, size_t len, int64_t truncate_to,
+                              bool full_replace) {
+  if (offset + len > max_chunk_ || (truncate_to >= 0 && uint64_t(truncate_to) > max_chunk_))
+    throw std::invalid_argument("update beyond the maximum chunk size " +
+                                std::to_string(max_chunk_));
+  ChunkMeta m;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = chunks_.find(id);
+    if (it != chunks_.end()) m = it->second;
+  }
+  uint64_t latest = m.pending_ver ? m.pending_ver : m.committed_ver;
+  if (!full_replace && ver != latest + 1)
+    throw VersionError("update version " + std::to_string(ver) + " does not follow " +
+                       std::to_string(latest));
+  if (ver == 0) throw VersionError("update version must be >= 1");
+  // base content: pending if there is one, else committed (copy-on-write, never in place)
+  uint32_t base_size = full_replace ? 0 : (m.pending_ver ? m.pending_size : m.size);
+  size_t new_size = std::max<uint64_t>(base_size, offset + len);
+  if (truncate_to >= 0) new_size = static_cast<size_t>(truncate_to);
+  std::vector<char> base;
+  bool need_base = base_size > 0 && !(offset == 0 && len >= new_size);
+  if (need_base) {
+    base.assign(std::max<size_t>(base_size, new_size), 0);
+    std::string src = chunk_path(id, m.pending_ver != 0);
+    Fd f(::open(src.c_str(), O_RDONLY));
+    if (f.fd < 0) throw sys_error("open " + src);
+    pread_full(f.fd, base.data(), base_size, kHeader);
+  }
+  // assemble [0, new_size): base bytes, zeros, the new data
+  std::vector<std::pair<const char*, size_t>> parts;
+  std::vector<char> zeros;
+  size_t data_end = std::min<size_t>(offset + len, new_size);
+  if (need_base) {
+    if (offset < new_size) std::memcpy(base.data() + offset, data, data_end - offset);
+    parts.push_back({base.data(), new_size});
+  } else {
+    size_t lead = std::min<size_t>(offset, new_size);
+    size_t tail = new_size - std::max<size_t>(data_end, lead);
+    if (lead || tail) zeros.assign(std::max(lead, tail), 0);
+    if (lead) parts.push_back({zeros.data(), lead});
+    if (data_end > offset) parts.push_back({data, data_end - offset});
+    if (tail) parts.push_back({zeros.data(), tail});
+  }
+  uint32_t crc = 0;
+  for (auto& p : parts) crc = crc32c(crc, p.first, p.second);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    uint64_t old_pending = m.pending_ver ? kHeader + m.pending_size : 0;
+    if (used_ - old_pending + kHeader + new_size > capacity_)
+      throw IoError(ENOSPC, "no space left on the storage target (capacity " +
+                                std::to_string(capacity_) + " bytes)");
+  }
+  write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc);
+  maybe_crash("after_pending_rename");
+  std::lock_guard<std::mutex> g(mu_);
+  ChunkMeta& cur = chunks_[id];
+  if (cur.pending_ver) used_ -= kHeader + cur.pending_size;
+  cur.pending_ver = ver;
+  cur.pending_size = static_cast<uint32_t>(new_size);
+  cur.pending_crc = crc;
+  cur.chain_ver = chain_ver;
+  used_ += kHeader + new_size;
+  return cur;
+}
+
+bool ChunkEngine::commit(const std::string& id, uint64_t ver) {
+  ChunkMeta m;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = chunks_.find(id);
+    if (it == chunks_.end()) throw VersionError("commit of an unknown chunk");
+    m = it->second;
+  }
+  if (m.pending_ver != ver) {
+    if (m.committed_ver >= ver) return false;
+    throw VersionError("commit version " + std::to_string(ver) + " but pending is " +
+                       std::to_string(m.pending_ver));
+  }
+  maybe_crash("before_commit_rename");
+  std::string p = chunk_path(id, true), c = chunk_path(id, false);
+  if (::rename(p.c_str(), c.c_str()) != 0) throw sys_error("rename " + p);
+  fsync_dir(dir_of(id));
+  maybe_crash("after_commit_rename");
+  std::lock_guard<std::mutex> g(mu_);
+  ChunkMeta& cur = chunks_[id];
+  if (cur.committed_ver) used_ -= kHeader + cur.size;
+  cur.committed_ver = ver;
+  cur.size = cur.pending_size;
+  cur.crc = cur.pending_crc;
+  cur.pending_ver = 0;
+  cur.pending_size = cur.pending_crc = 0;
+  return true;
+}
+
+ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, uint64_t chain_ver,
+                                         const char* data, size_t len) {
+  if (len > max_chunk_) throw std::invalid_argument("chunk larger than the maximum chunk size");
+  uint32_t crc = crc32c(0, data, len);
+  ChunkMeta m;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = chunks_.find(id);
+    if (it != chunks_.end()) m = it->second;
+    uint64_t old = (m.committed_ver ? kHeader + m.size : 0);
+    if (used_ - old + kHeader + len > capacity_)
+      throw IoError(ENOSPC, "no space left on the storage target");
+  }
+  write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc);
+  if (m.pending_ver) ::unlink(chunk_path(id, true).c_str());
+  std::lock_guard<std::mutex> g(mu_);
+  ChunkMeta& cur = chunks_[id];
+  if (cur.committed_ver) used_ -= kHeader + cur.size;
+  if (cur.pending_ver) used_ -= kHeader + cur.pending_size;
+  cur.committed_ver = ver;
+  cur.chain_ver = chain_ver;
+  cur.size = static_cast<uint32_t>(len);
+  cur.crc = crc;
+  cur.pending_ver = 0;
+  cur.pending_size = cur.pending_crc = 0;
+  used_ += kHeader + len;
+  return cur;
+}
+
+bool ChunkEngine::read(const std::string& id, uint64_t offset, uint64_t length, bool verify,
+                       const std::function<char*(size_t)>& alloc) {
+  std::string c = chunk_path(id, false);
+  Fd f(::open(c.c_str(), O_RDONLY));
+  if (f.fd < 0) {
+    if (errno == ENOENT) return false;
+    throw sys_error("open " + c);
+  }
+  Header h;
+  if (!read_header(f.fd, &h)) throw ChecksumError("corrupt chunk header in " + c);
+  size_t n = offset >= h.size ? 0 : std::min<uint64_t>(length, h.size - offset);
+  if (!verify) {
+    char* out = alloc(n);
+    if (n) pread_full(f.fd, out, n, kHeader + offset);
+    return true;
+  }
+  if (offset == 0 && n == h.size) {
+    char* out = alloc(n);
+    if (n) pread_full(f.fd, out, n, kHeader);
+    if (crc32c(0, out, n) != h.crc) throw ChecksumError("checksum mismatch in " + c);
+    return true;
+  }
+  std::vector<char> all(h.size);
+  if (h.size) pread_full(f.fd, all.data(), h.size, kHeader);
+  if (crc32c(0, all.data(), all.size()) != h.crc) throw ChecksumError("checksum mismatch in " + c);
+  char* out = alloc(n);
+  if (n) std::memcpy(out, all.data() + offset, n);
+  return true;
+}
+
+std::optional<ChunkMeta> ChunkEngine::meta(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = chunks_.find(id);
+  if (it == chunks_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::pair<std::string, ChunkMeta>> ChunkEngine::list(const std::string& prefix,
+                                                                 size_t limit) {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::pair<std::string, ChunkMeta>> out;
+  for (auto it = chunks_.lower_bound(prefix); it != chunks_.end() && out.size() < limit; ++it) {
+    if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+    out.push_back(*it);
+  }
+  return out;
+}
+
+bool ChunkEngine::remove(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = chunks_.find(id);
+  if (it == chunks_.end()) return false;
+  ::unlink(chunk_path(id, true).c_str());
+  ::unlink(chunk_path(id, false).c_str());
+  if (it->second.committed_ver) used_ -= kHeader + it->second.size;
+  if (it->second.pending_ver) used_ -= kHeader + it->second.pending_size;
+  chunks_.erase(it);
+  return true;
+}
+
+uint64_t ChunkEngine::used_bytes() {
+  std::lock_guard<std::mutex> g(mu_);
+  return used_;
+}
+
+size_t ChunkEngine::chunk_count() {
+  std::lock_guard<std::mutex> g(mu_);
+  return chunks_.size();
+}
+
+}  // namespace threefs

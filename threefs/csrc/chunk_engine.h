@@ -1,0 +1,94 @@
+// Chunk engine: chunks as files on a local disk, with per-chunk metadata and CRC32C.
+//
+// Each chunk id (opaque bytes; threefs uses inode id u64 BE + chunk index u32 BE) owns at most two
+// files under root/<xx>/<hex id>:
+//   <hex>.c   the committed version   (64-byte header + data)
+//   <hex>.p   the pending version     (64-byte header + data)
+// Updates are copy-on-write: the new content goes to <hex>.p.tmp, is (optionally) fsynced and is
+// renamed to <hex>.p; commit renames <hex>.p over <hex>.c. A rename is atomic, so after a crash at
+// any point a chunk is either at its old or at its new state; leftover *.tmp files and pending
+// files that are not newer than the committed one are removed when the engine opens.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace threefs {
+
+struct ChunkMeta {
+  uint64_t committed_ver = 0;  // 0: nothing committed yet
+  uint64_t pending_ver = 0;    // 0: no pending version
+  uint64_t chain_ver = 0;      // chain version of the last update
+  uint32_t size = 0;           // committed size in bytes
+  uint32_t crc = 0;            // CRC32C of the committed data
+  uint32_t pending_size = 0;
+  uint32_t pending_crc = 0;
+};
+
+struct IoError : std::runtime_error {
+  int err;
+  IoError(int e, const std::string& what) : std::runtime_error(what), err(e) {}
+};
+struct ChecksumError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct VersionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class FsyncPolicy { None, Data, Full };
+
+class ChunkEngine {
+ public:
+  ChunkEngine(const std::string& root, const std::string& fsync_policy, uint64_t capacity_bytes,
+              uint32_t max_chunk_size);
+
+  // Create pending version `ver` = (latest content, or nothing if full_replace) with `len` bytes of
+  // `data` written at `offset`; then, if truncate_to >= 0, the size is set to truncate_to.
+  // Without full_replace, ver must be latest_version + 1 (else VersionError).
+  ChunkMeta update(const std::string& id, uint64_t ver, uint64_t chain_ver, uint64_t offset,
+                   const char* data, size_t len, int64_t truncate_to, bool full_replace);
+  // Make pending version `ver` the committed one. Returns false if it already was committed.
+  bool commit(const std::string& id, uint64_t ver);
+  // Write `data` directly as committed version `ver` (sync / repair), dropping any pending one.
+  ChunkMeta replace_committed(const std::string& id, uint64_t ver, uint64_t chain_ver,
+                              const char* data, size_t len);
+  // Read committed bytes [offset, offset+length) into a buffer from `alloc(n)`. Returns false when
+  // the chunk has no committed version. Throws ChecksumError when verify and the CRC mismatches.
+  bool read(const std::string& id, uint64_t offset, uint64_t length, bool verify,
+            const std::function<char*(size_t)>& alloc);
+  std::optional<ChunkMeta> meta(const std::string& id);
+  std::vector<std::pair<std::string, ChunkMeta>> list(const std::string& prefix, size_t limit);
+  bool remove(const std::string& id);
+  std::string chunk_path(const std::string& id, bool pending) const;
+  uint64_t used_bytes();
+  uint64_t capacity_bytes() const { return capacity_; }
+  size_t chunk_count();
+  void set_crash_point(const std::string& p) { crash_point_ = p; }
+  const std::string& root() const { return root_; }
+
+ private:
+  void recover();
+  void maybe_crash(const char* point) const;
+  void write_file(const std::string& path, uint64_t ver, uint64_t chain_ver,
+                  const std::vector<std::pair<const char*, size_t>>& parts, size_t size,
+                  uint32_t crc);
+  void fsync_dir(const std::string& path) const;
+  std::string dir_of(const std::string& id) const;
+
+  std::string root_;
+  FsyncPolicy policy_;
+  uint64_t capacity_;
+  uint32_t max_chunk_;
+  std::string crash_point_;
+  std::mutex mu_;
+  std::map<std::string, ChunkMeta> chunks_;
+  uint64_t used_ = 0;
+};
+
+}  // namespace threefs

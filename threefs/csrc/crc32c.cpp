@@ -1,0 +1,74 @@
+#include "crc32c.h"
+
+#include <cstring>
+
+namespace threefs {
+namespace {
+
+struct Table {
+  uint32_t t[8][256];
+  Table() {
+    for (uint32_t i = 0; i < 256; i++) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+      for (int s = 1; s < 8; s++) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+  }
+};
+const Table& table() {
+  static const Table tb;
+  return tb;
+}
+
+// Slicing-by-8 software path.
+uint32_t crc_sw(uint32_t crc, const uint8_t* p, size_t n) {
+  const Table& tb = table();
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= crc;
+    crc = tb.t[7][w & 0xFF] ^ tb.t[6][(w >> 8) & 0xFF] ^ tb.t[5][(w >> 16) & 0xFF] ^
+          tb.t[4][(w >> 24) & 0xFF] ^ tb.t[3][(w >> 32) & 0xFF] ^ tb.t[2][(w >> 40) & 0xFF] ^
+          tb.t[1][(w >> 48) & 0xFF] ^ tb.t[0][w >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) crc = (crc >> 8) ^ tb.t[0][(crc ^ *p++) & 0xFF];
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
+  uint64_t c = crc;
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    c = __builtin_ia32_crc32di(c, w);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (n--) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return c32;
+}
+bool have_hw() {
+  static const bool h = __builtin_cpu_supports("sse4.2");
+  return h;
+}
+#else
+uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) { return crc_sw(crc, p, n); }
+bool have_hw() { return false; }
+#endif
+}  // namespace
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t len) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  crc = have_hw() ? crc_hw(crc, p, len) : crc_sw(crc, p, len);
+  return ~crc;
+}
+
+bool crc32c_hardware() { return have_hw(); }
+}  // namespace threefs

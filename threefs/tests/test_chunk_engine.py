@@ -1,0 +1,176 @@
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from threefs import ref
+from threefs.chunk import ChecksumError, ChunkEngine, VersionError, chunk_id, crc32c
+
+CS = 64 * 1024
+
+
+def rnd(rng, n):
+    return rng.randbytes(n)
+
+
+def test_crc32c_matches_reference():
+    assert crc32c(b"123456789") == 0xE3069283 == ref.crc32c(b"123456789")
+    rng = random.Random(1)
+    for n in (0, 1, 7, 8, 9, 63, 64, 1000, 4097):
+        d = rnd(rng, n)
+        assert crc32c(d) == ref.crc32c(d)
+        # continuation
+        assert crc32c(d[n // 2:], crc32c(d[: n // 2])) == ref.crc32c(d)
+
+
+def test_random_ops_match_model(tmp_path):
+    rng = random.Random(2)
+    e = ChunkEngine(tmp_path, "none", max_chunk_size=CS)
+    models = {}
+    for step in range(300):
+        cid = chunk_id(rng.randrange(3), rng.randrange(4))
+        m = models.setdefault(cid, ref.ChunkModel())
+        op = rng.random()
+        latest = m.pending_ver or m.committed_ver
+        if op < 0.55:
+            off = rng.randrange(CS)
+            n = rng.randrange(0, CS - off + 1) if rng.random() < 0.3 else rng.randrange(0, min(200, CS - off + 1))
+            data = rnd(rng, n)
+            trunc = rng.randrange(CS) if rng.random() < 0.1 else -1
+            full = rng.random() < 0.1
+            meta = e.update(cid, latest + 1, 7, off, data, trunc, full)
+            m.update(latest + 1, off, data, trunc, full)
+            assert meta["pending_ver"] == latest + 1
+            assert meta["pending_size"] == len(m.pending)
+            assert meta["pending_crc"] == ref.crc32c(m.pending)
+        elif op < 0.9 and m.pending_ver:
+            assert e.commit(cid, m.pending_ver)
+            m.commit(m.pending_ver)
+        else:
+            off, n = rng.randrange(CS + 10), rng.randrange(CS)
+            got = e.read(cid, off, n)
+            if m.committed is None:
+                assert got is None
+            else:
+                assert got == m.committed[off:off + n]
+        meta = e.meta(cid)
+        if meta is not None:
+            assert meta["committed_ver"] == m.committed_ver
+            assert meta["pending_ver"] == m.pending_ver
+            if m.committed is not None:
+                assert meta["size"] == len(m.committed)
+                assert meta["crc"] == ref.crc32c(m.committed)
+    # reopen: same metadata, same committed bytes, pending versions kept
+    e2 = ChunkEngine(tmp_path, "none", max_chunk_size=CS)
+    for cid, m in models.items():
+        meta = e2.meta(cid)
+        if m.committed is None and m.pending is None:
+            continue
+        assert meta["committed_ver"] == m.committed_ver and meta["pending_ver"] == m.pending_ver
+        assert e2.read(cid) == (m.committed if m.committed is not None else None)
+    assert e2.used_bytes() == e.used_bytes()
+
+
+def test_pending_not_visible_and_version_checks(tmp_path):
+    e = ChunkEngine(tmp_path, "data", max_chunk_size=CS)
+    cid = chunk_id(1, 0)
+    e.update(cid, 1, 1, 0, b"a" * 100)
+    assert e.read(cid) is None
+    e.commit(cid, 1)
+    e.update(cid, 2, 1, 10, b"b" * 5)
+    assert e.read(cid) == b"a" * 100  # pending v2 not visible
+    with pytest.raises(VersionError):
+        e.update(cid, 4, 1, 0, b"x")  # gap
+    with pytest.raises(VersionError):
+        e.update(cid, 2, 1, 0, b"x")  # not newer
+    assert not e.commit(cid, 1)  # already committed: no-op
+    with pytest.raises(VersionError):
+        e.commit(cid, 3)
+    e.commit(cid, 2)
+    assert e.read(cid) == b"a" * 10 + b"b" * 5 + b"a" * 85
+    # full replace ignores the version order (sync path)
+    e.update(cid, 9, 2, 0, b"zz", full_replace=True)
+    e.commit(cid, 9)
+    assert e.read(cid) == b"zz" and e.meta(cid)["chain_ver"] == 2
+    assert e.list(chunk_id(1, 0)[:8]) == [(cid, e.meta(cid))]
+    assert e.remove(cid) and e.meta(cid) is None and e.read(cid) is None
+
+
+def test_checksum_detects_flipped_byte(tmp_path):
+    e = ChunkEngine(tmp_path, max_chunk_size=CS)
+    cid = chunk_id(5, 3)
+    data = os.urandom(5000)
+    e.update(cid, 1, 1, 0, data)
+    e.commit(cid, 1)
+    path = e.chunk_path(cid)
+    with open(path, "r+b") as f:
+        f.seek(64 + 1234)
+        b = f.read(1)
+        f.seek(64 + 1234)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(ChecksumError):
+        e.read(cid, 0, 10)
+    with pytest.raises(ChecksumError):
+        e.read(cid)
+    assert e.read(cid, 0, 10, verify=False) == data[:10]
+    e.replace_committed(cid, 1, 1, data)  # repair
+    assert e.read(cid) == data
+
+
+def test_capacity_enospc_keeps_data(tmp_path):
+    e = ChunkEngine(tmp_path, capacity_bytes=3 * 1024, max_chunk_size=CS)
+    a = chunk_id(1, 0)
+    e.update(a, 1, 1, 0, b"q" * 1000)
+    e.commit(a, 1)
+    with pytest.raises(OSError) as ei:
+        e.update(chunk_id(1, 1), 1, 1, 0, b"r" * 4000)
+    assert ei.value.errno == 28
+    assert e.read(a) == b"q" * 1000 and e.meta(chunk_id(1, 1)) is None
+    assert not [n for _, _, fs in os.walk(tmp_path) for n in fs if n.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("point,expect_new", [
+    ("after_data_write", False), ("after_pending_rename", False),
+    ("before_commit_rename", False), ("after_commit_rename", True)])
+def test_crash_atomicity(tmp_path, point, expect_new):
+    old, new = os.urandom(3000), os.urandom(2500)
+    prog = f"""
+import sys
+from threefs.chunk import ChunkEngine, chunk_id
+e = ChunkEngine({str(tmp_path)!r}, 'full', max_chunk_size={CS})
+c = chunk_id(9, 9)
+e.update(c, 1, 1, 0, {old!r}); e.commit(c, 1)
+e.set_crash_point({point!r})
+e.update(c, 2, 1, 100, {new!r})
+e.commit(c, 2)
+sys.exit(0)
+"""
+    r = subprocess.run([sys.executable, "-c", prog], timeout=60)
+    assert r.returncode == 86
+    e = ChunkEngine(tmp_path, "full", max_chunk_size=CS)
+    c = chunk_id(9, 9)
+    want = (old[:100] + new + old[2600:]) if expect_new else old
+    assert e.read(c) == want
+    m = e.meta(c)
+    assert m["committed_ver"] == (2 if expect_new else 1)
+    # a crash after the pending rename keeps the pending version for the chain to resolve
+    assert m["pending_ver"] == (2 if point in ("after_pending_rename", "before_commit_rename")
+                                else 0)
+    assert not [n for _, _, fs in os.walk(tmp_path) for n in fs if n.endswith(".tmp")]
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="fsync_policy"):
+        ChunkEngine(tmp_path, "sometimes")
+    with pytest.raises(ValueError, match="max_chunk_size"):
+        ChunkEngine(tmp_path, max_chunk_size=0)
+    e = ChunkEngine(tmp_path, max_chunk_size=CS)
+    with pytest.raises(TypeError, match="chunk_id"):
+        e.update("abc", 1, 1, 0, b"x")
+    with pytest.raises(ValueError, match="max_chunk_size"):
+        e.update(chunk_id(1, 1), 1, 1, CS - 1, b"xy")
+    with pytest.raises(ValueError, match="offset"):
+        e.update(chunk_id(1, 1), 1, 1, -1, b"xy")
+    assert e.chunk_count() == 0
