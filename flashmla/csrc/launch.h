@@ -1,0 +1,34 @@
+// Host launchers of the CUDA kernels (defined in the .cu files, called from bindings.cpp).
+#pragma once
+#include <cstdint>
+
+namespace flashmla {
+
+struct DecodeArgs {
+  const void* q;            // bf16 [batch, s_q, h_q, 576], contiguous
+  const void* kcache;       // bf16 [num_blocks, 64, 1, 576] or uint8 [num_blocks, 64, 1, 656]
+  int64_t kcache_block_stride;  // elements (bf16) or bytes (fp8) between pages
+  int is_fp8;
+  const int* block_table;   // int32 [batch, max_blocks], row stride bt_stride
+  int64_t bt_stride;
+  int max_blocks;
+  const int* seqlens;       // int32 [batch]
+  const int* meta;          // int32 [parts, 8]
+  int parts;
+  const int* num_splits;    // int32 [batch + 1]
+  void* out;                // bf16 [batch, s_q, h_q, 512]
+  float* lse;               // fp32 [batch, h_q, s_q]
+  float* oacc;              // fp32 [batch + parts, s_q*h_q, 512]  split partials
+  float* lacc;              // fp32 [batch + parts, s_q*h_q]
+  int batch, s_q, h_q;
+  float softmax_scale;
+  int causal;
+};
+
+// Returns a CUDA error string, or nullptr on success.
+const char* launch_mla_decode(const DecodeArgs& a, void* stream);
+const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
+                                int* num_splits, void* stream);
+bool fp8_kernel_built();
+
+}  // namespace flashmla

@@ -1,0 +1,204 @@
+"""Public API (FlashMLA names and arguments), input validation and the torch.library custom ops.
+
+Dispatch: CUDA tensors with bf16 q, h_kv = 1, d = 576, head_dim_v = 512 run the CUDA kernel when
+the extension was built with CUDA; everything else (CPU tensors, other shapes, fp16) runs the
+plain-PyTorch reference in ref.py.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ref
+from .quant import FP8_BYTES, dequantize_kvcache
+
+try:
+    from . import _C
+except ImportError:  # source tree without a build: reference path only
+    _C = None
+
+CPU_NUM_SMS = 132  # SM count assumed by get_mla_metadata for CPU tensors (an H100/H200 SXM)
+
+
+def cuda_available() -> bool:
+    """True when the CUDA kernels were compiled in and a CUDA device is present."""
+    return _C is not None and _C.with_cuda() and torch.cuda.is_available()
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return CPU_NUM_SMS
+
+
+# ----------------------------------------------------------------------------- metadata op
+@torch.library.custom_op("flashmla::get_mla_metadata", mutates_args=())
+def _metadata_op(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
+                 num_heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = ref.num_sm_parts_for(_num_sms(cache_seqlens.device), num_q_tokens_per_head_k, num_heads_k)
+    if cache_seqlens.is_cuda and cuda_available():
+        batch = cache_seqlens.shape[0]
+        meta = torch.empty(parts, ref.META_SIZE, dtype=torch.int32, device=cache_seqlens.device)
+        splits = torch.empty(batch + 1, dtype=torch.int32, device=cache_seqlens.device)
+        cum = torch.empty(batch + 1, dtype=torch.int32, device=cache_seqlens.device)
+        _C.mla_metadata(cache_seqlens.data_ptr(), batch, parts, cum.data_ptr(), meta.data_ptr(),
+                        splits.data_ptr(), torch.cuda.current_stream(cache_seqlens.device).cuda_stream)
+        return meta, splits
+    meta, splits = ref.schedule_ref(cache_seqlens, parts)
+    return meta.to(cache_seqlens.device), splits.to(cache_seqlens.device)
+
+
+@_metadata_op.register_fake
+def _(cache_seqlens, num_q_tokens_per_head_k, num_heads_k):
+    parts = ref.num_sm_parts_for(_num_sms(cache_seqlens.device), num_q_tokens_per_head_k, num_heads_k)
+    return (cache_seqlens.new_empty((parts, ref.META_SIZE)),
+            cache_seqlens.new_empty((cache_seqlens.shape[0] + 1,)))
+
+
+def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
+                     num_heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plan the split-KV work of one decode step (computed on cache_seqlens' device, no host sync).
+
+    cache_seqlens:            int32 [batch]
+    num_q_tokens_per_head_k:  s_q · h_q / h_kv (query rows that share one KV head)
+    num_heads_k:              h_kv
+    Returns tile_scheduler_metadata int32 [num_sm_parts, 8] and num_splits int32 [batch + 1];
+    num_sm_parts = SMs // h_kv // ceil(num_q_tokens_per_head_k / 64). Reuse them for every layer
+    of the step.
+    """
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens: expected a torch.Tensor, got {type(cache_seqlens).__name__}")
+    if cache_seqlens.dtype != torch.int32 or cache_seqlens.dim() != 1:
+        raise ValueError(f"cache_seqlens: expected int32 [batch], got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.shape[0] < 1:
+        raise ValueError("cache_seqlens: batch must be >= 1")
+    for name, v in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    return _metadata_op(cache_seqlens.contiguous(), num_q_tokens_per_head_k, num_heads_k)
+
+
+# ----------------------------------------------------------------------------- decode op
+def _kernel_ok(q, k_cache, head_dim_v, is_fp8) -> bool:
+    return (q.is_cuda and cuda_available() and q.dtype == torch.bfloat16 and q.shape[-1] == 576
+            and head_dim_v == 512 and k_cache.shape[2] == 1
+            and (_C.fp8_kernel() if is_fp8 else k_cache.dtype == torch.bfloat16))
+
+
+@torch.library.custom_op("flashmla::mla_decode", mutates_args=())
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+               cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
+               num_splits: torch.Tensor, softmax_scale: float, causal: bool,
+               is_fp8_kvcache: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, s_q, h_q, d = q.shape
+    if _kernel_ok(q, k_cache, head_dim_v, is_fp8_kvcache):
+        m = s_q * h_q
+        parts = tile_scheduler_metadata.shape[0]
+        out = torch.empty(batch, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
+        lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
+        oacc = torch.empty(batch + parts, m, head_dim_v, dtype=torch.float32, device=q.device)
+        lacc = torch.empty(batch + parts, m, dtype=torch.float32, device=q.device)
+        _C.mla_decode(q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), int(is_fp8_kvcache),
+                      block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
+                      cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(), parts,
+                      num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(), oacc.data_ptr(),
+                      lacc.data_ptr(), batch, s_q, h_q, float(softmax_scale), int(causal),
+                      torch.cuda.current_stream(q.device).cuda_stream)
+        return out, lse
+    kv = dequantize_kvcache(k_cache) if is_fp8_kvcache else k_cache
+    out, lse = ref.mla_decode_ref(q, kv, block_table, cache_seqlens, head_dim_v, softmax_scale, causal)
+    return out.to(q.dtype), lse
+
+
+@_decode_op.register_fake
+def _(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+      softmax_scale, causal, is_fp8_kvcache):
+    batch, s_q, h_q, _ = q.shape
+    return (q.new_empty((batch, s_q, h_q, head_dim_v)),
+            q.new_empty((batch, h_q, s_q), dtype=torch.float32))
+
+
+def _check(cond: bool, exc: type, msg: str) -> None:
+    if not cond:
+        raise exc(msg)
+
+
+def _validate(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, is_fp8):
+    names = ("q", "k_cache", "block_table", "cache_seqlens", "tile_scheduler_metadata", "num_splits")
+    tensors = (q, k_cache, block_table, cache_seqlens, meta, num_splits)
+    for n, t in zip(names, tensors):
+        _check(isinstance(t, torch.Tensor), TypeError, f"{n}: expected a torch.Tensor, got {type(t).__name__}")
+    for n, t in zip(names, tensors):
+        _check(t.device == q.device, ValueError, f"{n}: expected device {q.device} (that of q), got {t.device}")
+    _check(q.dim() == 4, ValueError, f"q: expected [batch, s_q, h_q, d], got shape {tuple(q.shape)}")
+    _check(q.dtype in (torch.bfloat16, torch.float16), TypeError, f"q: expected bfloat16 or float16, got {q.dtype}")
+    batch, s_q, h_q, d = q.shape
+    _check(batch >= 1 and s_q >= 1 and h_q >= 1, ValueError, f"q: empty dimension in shape {tuple(q.shape)}")
+    _check(q.is_contiguous(), ValueError, "q: must be contiguous")
+    _check(k_cache.dim() == 4, ValueError, f"k_cache: expected [num_blocks, 64, h_kv, d], got shape {tuple(k_cache.shape)}")
+    _check(k_cache.shape[1] == ref.PAGE_SIZE, ValueError, f"k_cache: page size (dim 1) must be {ref.PAGE_SIZE}, got {k_cache.shape[1]}")
+    _check(k_cache.is_contiguous(), ValueError, "k_cache: must be contiguous")
+    h_kv = k_cache.shape[2]
+    _check(h_kv >= 1 and h_q % h_kv == 0, ValueError, f"k_cache: h_kv={h_kv} must divide h_q={h_q}")
+    if is_fp8:
+        _check(k_cache.dtype in (torch.uint8, torch.float8_e4m3fn), TypeError,
+               f"k_cache: with is_fp8_kvcache=True expected uint8 (656-byte tokens), got {k_cache.dtype}")
+        _check(k_cache.shape[3] == FP8_BYTES and d == 576 and head_dim_v == 512, ValueError,
+               f"k_cache: FP8 cache needs d=576, head_dim_v=512 and {FP8_BYTES} bytes per token, got "
+               f"d={d}, head_dim_v={head_dim_v}, {k_cache.shape[3]} bytes")
+    else:
+        _check(k_cache.dtype == q.dtype, TypeError, f"k_cache: expected {q.dtype} (dtype of q), got {k_cache.dtype}")
+        _check(k_cache.shape[3] == d, ValueError, f"k_cache: head dim {k_cache.shape[3]} != q head dim {d}")
+    _check(isinstance(head_dim_v, int) and 1 <= head_dim_v <= d, ValueError,
+           f"head_dim_v: expected an int in [1, {d}], got {head_dim_v!r}")
+    _check(block_table.dtype == torch.int32, TypeError, f"block_table: expected int32, got {block_table.dtype}")
+    _check(block_table.dim() == 2 and block_table.shape[0] == batch, ValueError,
+           f"block_table: expected [batch={batch}, max_blocks], got shape {tuple(block_table.shape)}")
+    _check(block_table.stride(1) == 1, ValueError, "block_table: rows must be contiguous (stride(1) == 1)")
+    _check(cache_seqlens.dtype == torch.int32, TypeError, f"cache_seqlens: expected int32, got {cache_seqlens.dtype}")
+    _check(tuple(cache_seqlens.shape) == (batch,) and cache_seqlens.is_contiguous(), ValueError,
+           f"cache_seqlens: expected contiguous [batch={batch}], got shape {tuple(cache_seqlens.shape)}")
+    _check(meta.dtype == torch.int32 and meta.dim() == 2 and meta.shape[1] == ref.META_SIZE and meta.is_contiguous(),
+           ValueError, f"tile_scheduler_metadata: expected contiguous int32 [num_sm_parts, 8], got {meta.dtype} {tuple(meta.shape)}")
+    _check(num_splits.dtype == torch.int32 and tuple(num_splits.shape) == (batch + 1,) and num_splits.is_contiguous(),
+           ValueError, f"num_splits: expected contiguous int32 [batch + 1 = {batch + 1}], got {num_splits.dtype} {tuple(num_splits.shape)}")
+    # Value checks need the host; skipped while a CUDA graph is being captured.
+    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        lo, hi = torch.aminmax(cache_seqlens)
+        lo, hi = int(lo), int(hi)
+        _check(lo >= 0, ValueError, f"cache_seqlens: must be >= 0, got min {lo}")
+        cap = block_table.shape[1] * ref.PAGE_SIZE
+        _check(hi <= cap, ValueError,
+               f"cache_seqlens: max {hi} exceeds the block table's capacity {block_table.shape[1]} pages x 64 = {cap}")
+
+
+def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                           cache_seqlens: torch.Tensor, head_dim_v: int,
+                           tile_scheduler_metadata: torch.Tensor, num_splits: torch.Tensor,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           is_fp8_kvcache: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decoding attention over a paged KV cache.
+
+    q:                       bf16/fp16 [batch, s_q, h_q, 576]
+    k_cache:                 same dtype [num_blocks, 64, h_kv, 576]; V = k_cache[..., :head_dim_v];
+                             with is_fp8_kvcache=True: uint8 [num_blocks, 64, h_kv, 656] (see quant.py)
+    block_table:             int32 [batch, max_blocks], page ids (any order)
+    cache_seqlens:           int32 [batch], 0 allowed
+    head_dim_v:              512
+    tile_scheduler_metadata, num_splits: from get_mla_metadata(cache_seqlens, s_q*h_q//h_kv, h_kv)
+    softmax_scale:           default d ** -0.5
+    causal:                  bottom-right aligned mask when s_q > 1
+    Returns out [batch, s_q, h_q, head_dim_v] (dtype of q) and softmax_lse float32 [batch, h_q, s_q]
+    (natural log). Requests or query rows with no key give out = 0, lse = +inf.
+    """
+    _validate(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+              bool(is_fp8_kvcache))
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale: expected a positive finite float, got {softmax_scale!r}")
+    if is_fp8_kvcache and k_cache.dtype != torch.uint8:
+        k_cache = k_cache.view(torch.uint8)
+    return _decode_op(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                      num_splits, float(softmax_scale), bool(causal), bool(is_fp8_kvcache))

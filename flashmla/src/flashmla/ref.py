@@ -1,0 +1,111 @@
+"""Plain-PyTorch oracle: MLA decoding attention over a paged KV cache, and the tile scheduler.
+
+Both functions here are the CPU path of the public API and the oracle the CUDA kernels are tested
+against. They favour clarity over speed (a Python loop over the batch, float32 math).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+PAGE_SIZE = 64          # tokens per page of the KV cache
+FIXED_OVERHEAD = 5      # scheduler cost of starting a request, in pages (as the original)
+META_SIZE = 8           # int32 words per row of tile_scheduler_metadata
+
+
+def mla_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                   cache_seqlens: torch.Tensor, head_dim_v: int, softmax_scale: float | None = None,
+                   causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference MLA decode in float32.
+
+    q:            [batch, s_q, h_q, d]                 (any float dtype)
+    k_cache:      [num_blocks, page, h_kv, d]          V is k_cache[..., :head_dim_v]
+    block_table:  int [batch, max_blocks]              page ids of each request, in order
+    cache_seqlens:int [batch]                          keys of each request (0 allowed)
+    Returns out float32 [batch, s_q, h_q, head_dim_v] and lse float32 [batch, h_q, s_q]
+    (natural log). A query row that sees no key gets out = 0 and lse = +inf. With causal=True
+    and s_q > 1, query i (0-based) of a request with L keys sees keys [0, L - s_q + i], the
+    bottom-right aligned mask.
+    """
+    batch, s_q, h_q, d = q.shape
+    page, h_kv = k_cache.shape[1], k_cache.shape[2]
+    if softmax_scale is None:
+        softmax_scale = d ** -0.5
+    group = h_q // h_kv
+    out = torch.zeros(batch, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, h_q, s_q), math.inf, dtype=torch.float32, device=q.device)
+    seqlens = cache_seqlens.tolist()
+    for b in range(batch):
+        L = int(seqlens[b])
+        if L == 0:
+            continue
+        pages = block_table[b, : (L + page - 1) // page].long()
+        kv = k_cache[pages].reshape(-1, h_kv, d)[:L].float()          # [L, h_kv, d]
+        kv = kv.repeat_interleave(group, dim=1)                         # [L, h_q, d]
+        qb = q[b].float()                                               # [s_q, h_q, d]
+        s = torch.einsum("qhd,lhd->hql", qb, kv) * softmax_scale        # [h_q, s_q, L]
+        if causal:
+            limit = L - s_q + 1 + torch.arange(s_q, device=q.device)    # keys visible per query
+            keep = torch.arange(L, device=q.device)[None, :] < limit[:, None]
+            s = s.masked_fill(~keep[None], -math.inf)
+        m = s.amax(dim=-1, keepdim=True)
+        empty = torch.isneginf(m)                                       # rows that see no key
+        p = torch.exp(s - torch.where(empty, torch.zeros_like(m), m))
+        denom = p.sum(dim=-1, keepdim=True)
+        o = torch.einsum("hql,lhd->qhd", p / torch.where(empty, torch.ones_like(denom), denom),
+                         kv[..., :head_dim_v])
+        out[b] = o
+        lse[b] = torch.where(empty, torch.full_like(m, math.inf), m + torch.log(denom)).squeeze(-1)
+    return out, lse
+
+
+def num_sm_parts_for(num_sms: int, num_q_tokens_per_head_k: int, num_heads_k: int) -> int:
+    """How many scheduler parts (one CTA column each) get_mla_metadata makes: SMs / h_kv / m-blocks."""
+    m_blocks = max(1, -(-num_q_tokens_per_head_k // 64))
+    return max(1, num_sms // max(1, num_heads_k) // m_blocks)
+
+
+def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tile scheduler, in plain Python (the CUDA metadata kernel computes the same integers).
+
+    Request b costs ceil(L_b / 64) + FIXED_OVERHEAD; the concatenated cost line of total T is cut
+    at x_p = ceil(p·T / num_parts). A cut at offset o inside request b lands on page max(0, o - 5)
+    of b (the overhead comes first), so a part is a range of (request, page) positions.
+    Returns tile_scheduler_metadata int32 [num_parts, 8] with rows
+    (begin_req, begin_page, end_req, end_page, first_split_index, 0, 0, 0), end exclusive, and
+    num_splits int32 [batch + 1], the start index of each request's splits (prefix sum; request b
+    has num_splits[b+1] - num_splits[b] splits, one per part it touches).
+    """
+    lens = [int(x) for x in cache_seqlens.tolist()]
+    batch = len(lens)
+    cost = [(L + PAGE_SIZE - 1) // PAGE_SIZE + FIXED_OVERHEAD for L in lens]
+    cum = [0]
+    for c in cost:
+        cum.append(cum[-1] + c)
+    total = cum[-1]
+
+    def position(x: int) -> tuple[int, int]:
+        if x >= total:
+            return batch, 0
+        lo, hi = 0, batch - 1          # largest b with cum[b] <= x
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cum[mid] <= x:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo, max(0, x - cum[lo] - FIXED_OVERHEAD)
+
+    cuts = [position(-(-p * total // num_parts)) for p in range(num_parts + 1)]
+    # internal cuts (inside a request, page > 0), deduplicated: each adds one split
+    internal = sorted({c for c in cuts if c[1] > 0})
+    meta = torch.zeros(num_parts, META_SIZE, dtype=torch.int32)
+    for p in range(num_parts):
+        (b0, k0), (b1, k1) = cuts[p], cuts[p + 1]
+        first = b0 + sum(1 for c in internal if c <= (b0, k0))
+        meta[p, :5] = torch.tensor([b0, k0, b1, k1, first], dtype=torch.int32)
+    splits = torch.zeros(batch + 1, dtype=torch.int32)
+    for b in range(batch + 1):
+        splits[b] = b + sum(1 for c in internal if c[0] < b)
+    return meta, splits

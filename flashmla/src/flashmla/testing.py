@@ -1,0 +1,37 @@
+"""Shared input generator for tests, benchmarks and `python -m flashmla`."""
+from __future__ import annotations
+
+import torch
+
+from .ref import PAGE_SIZE
+
+
+def make_inputs(batch: int, seqlens, h_q: int, s_q: int = 1, h_kv: int = 1, d: int = 576,
+                dtype=torch.bfloat16, device="cpu", seed: int = 0, shuffle: bool = True,
+                poison: bool = True, extra_blocks: int = 1):
+    """Random q, paged k_cache, block_table, cache_seqlens for one decode step.
+
+    seqlens: an int (all requests) or a list of ints. Pages are handed out in a random order
+    (shuffle) and cache slots past each request's length are filled with NaN (poison), so a
+    kernel that reads them or skips the mask fails. Returns (q, k_cache, block_table, cache_seqlens):
+    q [batch, s_q, h_q, d], k_cache [num_blocks, 64, h_kv, d], block_table int32 [batch, max_blocks],
+    cache_seqlens int32 [batch].
+    """
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    lens = [int(seqlens)] * batch if isinstance(seqlens, int) else [int(x) for x in seqlens]
+    assert len(lens) == batch
+    max_blocks = max(1, max((L + PAGE_SIZE - 1) // PAGE_SIZE for L in lens)) + extra_blocks
+    num_blocks = batch * max_blocks
+    perm = torch.randperm(num_blocks, generator=g) if shuffle else torch.arange(num_blocks)
+    block_table = perm.view(batch, max_blocks).to(torch.int32)
+    k_cache = torch.randn(num_blocks, PAGE_SIZE, h_kv, d, generator=g).to(dtype)
+    q = torch.randn(batch, s_q, h_q, d, generator=g).to(dtype)
+    if poison:
+        flat = k_cache.view(num_blocks, PAGE_SIZE, -1)
+        for b, L in enumerate(lens):
+            for j in range(max_blocks):
+                lo = min(max(L - j * PAGE_SIZE, 0), PAGE_SIZE)
+                if lo < PAGE_SIZE:
+                    flat[int(block_table[b, j]), lo:] = float("nan")
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
+    return (q.to(device), k_cache.to(device), block_table.to(device), cache_seqlens.to(device))
