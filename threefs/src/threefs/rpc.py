@@ -1,0 +1,336 @@
+"""A compact, authenticated request/response protocol over TCP.
+
+Connection set-up (mutual challenge-response on the cluster secret):
+    client -> server   b"3FSH" | client nonce (16)
+    server -> client   b"3FSH" | server nonce (16) | HMAC(secret, "srv" + cn + sn)   (32)
+    client -> server   HMAC(secret, "cli" + cn + sn)                                  (32)
+    session key = HMAC(secret, "key" + cn + sn)
+A peer without the secret never gets past this step: the server closes the connection.
+
+Frame (both directions):
+    header  ">2sBBQII": magic b"3F", version 1, kind (0 request, 1 response), sequence number,
+            meta length, data length                                                  (20 bytes)
+    mac     HMAC-SHA256(session key, header + meta + data), first 16 bytes           (16 bytes)
+    meta    UTF-8 JSON object (method and arguments, or the result / error)
+    data    raw bytes (chunk payloads), sent and received without re-packing: the sender hands
+            the buffers to sendmsg, the receiver reads into one preallocated buffer.
+Sequence numbers count frames per direction, so a replayed or reordered frame fails the check.
+The decoder rejects bad magic, version or kind, lengths over the limits, a wrong sequence number,
+a bad MAC, truncated frames and meta that is not a JSON object, by closing the connection.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import struct
+import threading
+import time
+
+HEADER = struct.Struct(">2sBBQII")
+MAC_LEN = 16
+MAX_META = 1 << 20
+MAX_DATA = 64 << 20
+HELLO = b"3FSH"
+
+
+class ProtocolError(Exception):
+    """A malformed, truncated or unauthenticated frame."""
+
+
+class AuthError(ConnectionError):
+    """The peer does not know the cluster secret."""
+
+
+class RpcError(Exception):
+    """An error answered by the remote handler: code (e.g. 'ENOENT', 'CHAIN_VERSION') and text."""
+
+    def __init__(self, code: str, msg: str = "", **extra):
+        super().__init__(f"{code}: {msg}" if msg else code)
+        self.code, self.msg, self.extra = code, msg, extra
+
+
+def _mac(key: bytes, header: bytes, meta: bytes, data_parts) -> bytes:
+    h = hmac.new(key, header, hashlib.sha256)
+    h.update(meta)
+    for p in data_parts:
+        h.update(p)
+    return h.digest()[:MAC_LEN]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        r = sock.recv_into(view[got:], n - got)
+        if r == 0:
+            raise ProtocolError(f"connection closed after {got} of {n} bytes (truncated frame)")
+        got += r
+    return buf
+
+
+def _secret_bytes(secret) -> bytes:
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < 8:
+        raise ValueError("cluster secret must be str/bytes of at least 8 bytes, got "
+                         f"{type(secret).__name__} of length {len(secret) if secret else 0}")
+    return bytes(secret)
+
+
+class Channel:
+    """One authenticated TCP connection: send/receive frames with MACs and sequence numbers."""
+
+    def __init__(self, sock: socket.socket, key: bytes):
+        self.sock, self.key = sock, key
+        self.send_seq = 0
+        self.recv_seq = 0
+
+    def send(self, kind: int, meta: dict, data=None) -> None:
+        parts = [] if data is None else (list(data) if isinstance(data, (list, tuple)) else [data])
+        parts = [memoryview(p).cast("B") for p in parts]
+        mb = json.dumps(meta, separators=(",", ":")).encode()
+        dlen = sum(p.nbytes for p in parts)
+        hdr = HEADER.pack(b"3F", 1, kind, self.send_seq, len(mb), dlen)
+        self.send_seq += 1
+        bufs = [hdr, _mac(self.key, hdr, mb, parts), mb, *parts]
+        total = sum(memoryview(b).nbytes for b in bufs)
+        sent = self.sock.sendmsg(bufs)
+        if sent < total:  # partial send: finish the rest
+            flat = [memoryview(b).cast("B") for b in bufs]
+            for b in flat:
+                if sent >= b.nbytes:
+                    sent -= b.nbytes
+                    continue
+                self.sock.sendall(b[sent:])
+                sent = 0
+
+    def recv(self, kind: int):
+        hdr = bytes(_recv_exact(self.sock, HEADER.size + MAC_LEN))
+        magic, ver, k, seq, mlen, dlen = HEADER.unpack_from(hdr)
+        if magic != b"3F" or ver != 1:
+            raise ProtocolError(f"bad magic/version {magic!r}/{ver}")
+        if k != kind:
+            raise ProtocolError(f"unexpected frame kind {k}")
+        if mlen > MAX_META or dlen > MAX_DATA:
+            raise ProtocolError(f"frame too large: meta {mlen}, data {dlen}")
+        if seq != self.recv_seq:
+            raise ProtocolError(f"sequence number {seq}, expected {self.recv_seq}")
+        meta = _recv_exact(self.sock, mlen)
+        data = _recv_exact(self.sock, dlen) if dlen else None
+        want = _mac(self.key, hdr[:HEADER.size], meta, [data] if data else [])
+        if not hmac.compare_digest(want, hdr[HEADER.size:]):
+            raise ProtocolError("bad frame MAC")
+        self.recv_seq += 1
+        try:
+            m = json.loads(meta)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ProtocolError(f"meta is not JSON: {e}") from None
+        if not isinstance(m, dict):
+            raise ProtocolError("meta is not a JSON object")
+        return m, data
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def client_handshake(sock: socket.socket, secret: bytes) -> bytes:
+    cn = os.urandom(16)
+    sock.sendall(HELLO + cn)
+    try:
+        r = bytes(_recv_exact(sock, 4 + 16 + 32))
+    except ProtocolError:
+        raise AuthError("server closed the connection during the handshake") from None
+    if r[:4] != HELLO:
+        raise AuthError("server sent a bad hello")
+    sn, proof = r[4:20], r[20:]
+    if not hmac.compare_digest(proof, hmac.digest(secret, b"srv" + cn + sn, "sha256")):
+        raise AuthError("server does not know the cluster secret")
+    sock.sendall(hmac.digest(secret, b"cli" + cn + sn, "sha256"))
+    return hmac.digest(secret, b"key" + cn + sn, "sha256")
+
+
+def server_handshake(sock: socket.socket, secret: bytes) -> bytes:
+    r = bytes(_recv_exact(sock, 4 + 16))
+    if r[:4] != HELLO:
+        raise ProtocolError("bad hello")
+    cn, sn = r[4:], os.urandom(16)
+    sock.sendall(HELLO + sn + hmac.digest(secret, b"srv" + cn + sn, "sha256"))
+    proof = bytes(_recv_exact(sock, 32))
+    if not hmac.compare_digest(proof, hmac.digest(secret, b"cli" + cn + sn, "sha256")):
+        raise ProtocolError("client failed authentication")
+    return hmac.digest(secret, b"key" + cn + sn, "sha256")
+
+
+def parse_addr(addr) -> tuple[str, int]:
+    if isinstance(addr, (tuple, list)):
+        return str(addr[0]), int(addr[1])
+    if not isinstance(addr, str) or ":" not in addr:
+        raise ValueError(f"address must be 'host:port', got {addr!r}")
+    host, port = addr.rsplit(":", 1)
+    return host, int(port)
+
+
+class Server:
+    """Threaded RPC server. handler(method: str, args: dict, data) -> (dict, data|None).
+
+    The handler raises RpcError for answered errors; anything else becomes 'INTERNAL'.
+    """
+
+    def __init__(self, addr: str, secret, handler, name: str = "server"):
+        self.secret = _secret_bytes(secret)
+        self.handler, self.name = handler, name
+        host, port = parse_addr(addr)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(256)
+        self.addr = f"{host}:{self.sock.getsockname()[1]}"
+        self.stats = {"rejected": 0, "requests": 0}
+        self._stop = False
+        self._conns: set = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> "Server":
+        threading.Thread(target=self._accept_loop, daemon=True, name=f"{self.name}-accept").start()
+        return self
+
+    def _accept_loop(self):
+        while not self._stop:
+            try:
+                s, _ = self.sock.accept()
+            except OSError:
+                return
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _serve(self, s: socket.socket):
+        with self._lock:
+            self._conns.add(s)
+        ch = None
+        try:
+            s.settimeout(10)
+            ch = Channel(s, server_handshake(s, self.secret))
+            s.settimeout(None)
+            while not self._stop:
+                try:
+                    meta, data = ch.recv(0)
+                except ProtocolError as e:
+                    if "closed after 0 of" not in str(e):
+                        self.stats["rejected"] += 1
+                    return
+                method = meta.get("m")
+                self.stats["requests"] += 1
+                try:
+                    if not isinstance(method, str):
+                        raise RpcError("EINVAL", "request has no method name")
+                    res, rdata = self.handler(method, meta, data)
+                    res = dict(res or {})
+                except RpcError as e:
+                    res, rdata = {"err": e.code, "msg": e.msg, **e.extra}, None
+                except OSError as e:
+                    import errno as _errno
+                    res, rdata = {"err": _errno.errorcode.get(e.errno, "EIO"), "msg": str(e)}, None
+                except Exception as e:  # noqa: BLE001 - answered, the server keeps serving
+                    res, rdata = {"err": "INTERNAL", "msg": f"{type(e).__name__}: {e}"}, None
+                ch.send(1, res, rdata)
+        except ProtocolError:
+            self.stats["rejected"] += 1
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(s)
+            (ch.close() if ch else s.close())
+
+    def stop(self):
+        self._stop = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        with self._lock:
+            for c in list(self._conns):
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class Client:
+    """Pooled RPC client for one cluster secret: call(addr, method, args, data)."""
+
+    def __init__(self, secret, connect_timeout: float = 2.0, timeout: float = 10.0):
+        self.secret = _secret_bytes(secret)
+        self.connect_timeout, self.timeout = connect_timeout, timeout
+        self._pool: dict[str, list[Channel]] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, addr: str) -> Channel:
+        with self._lock:
+            lst = self._pool.get(addr)
+            if lst:
+                return lst.pop()
+        host, port = parse_addr(addr)
+        s = socket.create_connection((host, port), timeout=self.connect_timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            key = client_handshake(s, self.secret)
+        except BaseException:
+            s.close()
+            raise
+        return Channel(s, key)
+
+    def _put(self, addr: str, ch: Channel):
+        with self._lock:
+            lst = self._pool.setdefault(addr, [])
+            if len(lst) < 16:
+                lst.append(ch)
+                return
+        ch.close()
+
+    def call(self, addr: str, method: str, args: dict | None = None, data=None,
+             timeout: float | None = None):
+        """Returns (result dict, data bytearray|None); raises RpcError or ConnectionError."""
+        meta = {"m": method, **(args or {})}
+        ch = self._get(addr)
+        try:
+            ch.sock.settimeout(timeout or self.timeout)
+            ch.send(0, meta, data)
+            res, rdata = ch.recv(1)
+        except (OSError, ProtocolError) as e:
+            ch.close()
+            if isinstance(e, ConnectionError):
+                raise
+            raise ConnectionError(f"rpc {method} to {addr} failed: {e}") from None
+        self._put(addr, ch)
+        if "err" in res:
+            extra = {k: v for k, v in res.items() if k not in ("err", "msg")}
+            raise RpcError(res["err"], res.get("msg", ""), **extra)
+        return res, rdata
+
+    def close(self):
+        with self._lock:
+            for lst in self._pool.values():
+                for ch in lst:
+                    ch.close()
+            self._pool.clear()
+
+
+def wait_port(addr: str, timeout: float = 10.0) -> bool:
+    host, port = parse_addr(addr)
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False

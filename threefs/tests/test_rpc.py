@@ -1,0 +1,143 @@
+import os
+import random
+import socket
+import struct
+
+import pytest
+
+from threefs import rpc
+
+SECRET = "test-secret-0123"
+
+
+def handler(method, args, data):
+    if method == "echo":
+        return {"n": args.get("n"), "len": len(data) if data else 0}, data
+    if method == "fail":
+        raise rpc.RpcError("ENOENT", "no such thing")
+    if method == "boom":
+        raise RuntimeError("bug")
+    raise rpc.RpcError("EINVAL", f"unknown method {method}")
+
+
+@pytest.fixture
+def server():
+    s = rpc.Server("127.0.0.1:0", SECRET, handler).start()
+    yield s
+    s.stop()
+
+
+def test_roundtrip_and_errors(server):
+    c = rpc.Client(SECRET)
+    rng = random.Random(3)
+    for n in (0, 1, 4096, 1 << 20, 3 * 1000 * 1000 + 7):
+        d = rng.randbytes(n)
+        res, back = c.call(server.addr, "echo", {"n": n}, d if n else None)
+        assert res == {"n": n, "len": n}
+        assert (bytes(back) if back is not None else b"") == d
+    # several data parts are sent as one payload
+    res, back = c.call(server.addr, "echo", {}, [b"ab", memoryview(b"cde")])
+    assert bytes(back) == b"abcde"
+    with pytest.raises(rpc.RpcError) as ei:
+        c.call(server.addr, "fail")
+    assert ei.value.code == "ENOENT"
+    with pytest.raises(rpc.RpcError) as ei:
+        c.call(server.addr, "boom")
+    assert ei.value.code == "INTERNAL"
+    c.close()
+
+
+def test_wrong_or_missing_secret_is_refused(server):
+    bad = rpc.Client("another-secret-xx")
+    with pytest.raises(rpc.AuthError):
+        bad.call(server.addr, "echo", {"n": 1})
+    # no handshake at all: a frame sent straight away is rejected and the socket closed
+    s = socket.create_connection(rpc.parse_addr(server.addr), timeout=5)
+    s.sendall(rpc.HEADER.pack(b"3F", 1, 0, 0, 2, 0) + b"\0" * 16 + b"{}")
+    assert _closed_by_peer(s)
+    s.close()
+    good = rpc.Client(SECRET)
+    assert good.call(server.addr, "echo", {"n": 2})[0]["n"] == 2
+    with pytest.raises(ValueError, match="secret"):
+        rpc.Client("short")
+
+
+def _authed_socket(addr):
+    s = socket.create_connection(rpc.parse_addr(addr), timeout=5)
+    key = rpc.client_handshake(s, SECRET.encode())
+    return s, key
+
+
+def _closed_by_peer(s):
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:  # closed with unread bytes: the kernel answers with a reset
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_fuzz_decoder_rejects_and_keeps_serving(server):
+    rng = random.Random(4)
+    addr = server.addr
+    # 1) random bytes before/instead of the handshake
+    for i in range(60):
+        s = socket.create_connection(rpc.parse_addr(addr), timeout=5)
+        try:
+            s.sendall(rng.randbytes(rng.randrange(1, 300)))
+            s.shutdown(socket.SHUT_WR)
+            s.recv(100)  # handshake answer or close; never a frame
+        except OSError:  # reset / not connected: the server already closed it
+            pass
+        s.close()
+    # 2) authenticated connections, then malformed frames
+    for i in range(80):
+        s, key = _authed_socket(addr)
+        ch = rpc.Channel(s, key)
+        meta = b'{"m":"echo"}'
+        data = rng.randbytes(rng.randrange(0, 100))
+        hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), len(data))
+        frame = bytearray(hdr + rpc._mac(key, hdr, meta, [data]) + meta + data)
+        kind = i % 5
+        if kind == 0:  # flip a random byte
+            frame[rng.randrange(len(frame))] ^= 1 << rng.randrange(8)
+        elif kind == 1:  # truncate
+            frame = frame[:rng.randrange(len(frame))]
+        elif kind == 2:  # random body after a valid-length header
+            frame = frame[:rpc.HEADER.size] + rng.randbytes(len(frame) - rpc.HEADER.size)
+        elif kind == 3:  # huge lengths
+            frame = rpc.HEADER.pack(b"3F", 1, 0, 0, 1 << 30, (1 << 32) - 1) + bytes(16)
+        else:  # valid MAC, invalid JSON
+            meta = rng.randbytes(20)
+            hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), 0)
+            frame = hdr + rpc._mac(key, hdr, meta, []) + meta
+        try:
+            s.sendall(bytes(frame))
+            s.shutdown(socket.SHUT_WR)  # a length made larger by a flip ends as a truncation
+        except OSError:
+            pass
+        assert _closed_by_peer(s)
+        s.close()
+    assert server.stats["rejected"] >= 80
+    c = rpc.Client(SECRET)
+    assert bytes(c.call(addr, "echo", {"n": 5}, b"still")[1]) == b"still"
+
+
+def test_replayed_frame_is_rejected(server):
+    s, key = _authed_socket(server.addr)
+    meta = b'{"m":"echo","n":1}'
+    hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), 0)
+    frame = hdr + rpc._mac(key, hdr, meta, []) + meta
+    s.sendall(frame)
+    ch = rpc.Channel(s, key)
+    ch.send_seq = 1
+    res, _ = ch.recv(1)
+    assert res["n"] == 1
+    s.sendall(frame)  # same bytes again: sequence number 0 is stale
+    assert _closed_by_peer(s)
+    s.close()
+
+
+def test_bad_addresses():
+    with pytest.raises(ValueError, match="host:port"):
+        rpc.parse_addr("localhost")
