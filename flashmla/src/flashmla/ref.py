@@ -42,21 +42,21 @@ def mla_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Te
             continue
         pages = block_table[b, : (L + page - 1) // page].long()
         kv = k_cache[pages].reshape(-1, h_kv, d)[:L].float()          # [L, h_kv, d]
-        kv = kv.repeat_interleave(group, dim=1)                         # [L, h_q, d]
-        qb = q[b].float()                                               # [s_q, h_q, d]
-        s = torch.einsum("qhd,lhd->hql", qb, kv) * softmax_scale        # [h_q, s_q, L]
+        qb = q[b].float().view(s_q, h_kv, group, d)                     # [s_q, h_kv, g, d]
+        s = torch.einsum("qkgd,lkd->kgql", qb, kv) * softmax_scale      # [h_kv, g, s_q, L]
         if causal:
             limit = L - s_q + 1 + torch.arange(s_q, device=q.device)    # keys visible per query
             keep = torch.arange(L, device=q.device)[None, :] < limit[:, None]
-            s = s.masked_fill(~keep[None], -math.inf)
+            s = s.masked_fill(~keep, -math.inf)
         m = s.amax(dim=-1, keepdim=True)
         empty = torch.isneginf(m)                                       # rows that see no key
         p = torch.exp(s - torch.where(empty, torch.zeros_like(m), m))
         denom = p.sum(dim=-1, keepdim=True)
-        o = torch.einsum("hql,lhd->qhd", p / torch.where(empty, torch.ones_like(denom), denom),
-                         kv[..., :head_dim_v])
-        out[b] = o
-        lse[b] = torch.where(empty, torch.full_like(m, math.inf), m + torch.log(denom)).squeeze(-1)
+        p = p / torch.where(empty, torch.ones_like(denom), denom)
+        o = torch.einsum("kgql,lkd->qkgd", p, kv[..., :head_dim_v])     # [s_q, h_kv, g, dv]
+        out[b] = o.reshape(s_q, h_q, head_dim_v)
+        lse[b] = torch.where(empty, torch.full_like(m, math.inf),
+                             m + torch.log(denom)).reshape(h_q, s_q)
     return out, lse
 
 

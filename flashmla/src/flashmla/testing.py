@@ -13,25 +13,25 @@ def make_inputs(batch: int, seqlens, h_q: int, s_q: int = 1, h_kv: int = 1, d: i
 
     seqlens: an int (all requests) or a list of ints. Pages are handed out in a random order
     (shuffle) and cache slots past each request's length are filled with NaN (poison), so a
-    kernel that reads them or skips the mask fails. Returns (q, k_cache, block_table, cache_seqlens):
-    q [batch, s_q, h_q, d], k_cache [num_blocks, 64, h_kv, d], block_table int32 [batch, max_blocks],
-    cache_seqlens int32 [batch].
+    kernel that reads them or skips the mask fails. Random numbers are drawn on `device`.
+    Returns (q, k_cache, block_table, cache_seqlens): q [batch, s_q, h_q, d],
+    k_cache [num_blocks, 64, h_kv, d], block_table int32 [batch, max_blocks], cache_seqlens int32 [batch].
     """
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     lens = [int(seqlens)] * batch if isinstance(seqlens, int) else [int(x) for x in seqlens]
     assert len(lens) == batch
     max_blocks = max(1, max((L + PAGE_SIZE - 1) // PAGE_SIZE for L in lens)) + extra_blocks
     num_blocks = batch * max_blocks
-    perm = torch.randperm(num_blocks, generator=g) if shuffle else torch.arange(num_blocks)
+    perm = torch.randperm(num_blocks, generator=g, device=device) if shuffle else \
+        torch.arange(num_blocks, device=device)
     block_table = perm.view(batch, max_blocks).to(torch.int32)
-    k_cache = torch.randn(num_blocks, PAGE_SIZE, h_kv, d, generator=g).to(dtype)
-    q = torch.randn(batch, s_q, h_q, d, generator=g).to(dtype)
+    k_cache = torch.randn(num_blocks, PAGE_SIZE, h_kv, d, generator=g, device=device).to(dtype)
+    q = torch.randn(batch, s_q, h_q, d, generator=g, device=device).to(dtype)
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     if poison:
-        flat = k_cache.view(num_blocks, PAGE_SIZE, -1)
-        for b, L in enumerate(lens):
-            for j in range(max_blocks):
-                lo = min(max(L - j * PAGE_SIZE, 0), PAGE_SIZE)
-                if lo < PAGE_SIZE:
-                    flat[int(block_table[b, j]), lo:] = float("nan")
-    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
-    return (q.to(device), k_cache.to(device), block_table.to(device), cache_seqlens.to(device))
+        tok = torch.arange(max_blocks * PAGE_SIZE, device=device).view(1, max_blocks, PAGE_SIZE)
+        dead = tok >= cache_seqlens.view(batch, 1, 1)                  # [batch, max_blocks, 64]
+        page_dead = torch.empty(num_blocks, PAGE_SIZE, dtype=torch.bool, device=device)
+        page_dead[block_table.long().flatten()] = dead.view(-1, PAGE_SIZE)
+        k_cache[page_dead] = float("nan")
+    return q, k_cache, block_table, cache_seqlens

@@ -1,0 +1,131 @@
+"""Benchmark of flash_mla_with_kvcache on a CUDA device, side by side with the peers in one run.
+
+Peers: torch scaled_dot_product_attention over the gathered cache (what a user writes without us),
+the plain-PyTorch reference (flashmla.mla_decode_ref), and FlashInfer's MLA decode when importable.
+Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per token), FLOPs =
+2·h_q·s_q·Σseqlen·(576 + 512). Times are medians of CUDA-graph replays (triton do_bench_cudagraph).
+
+    python flashmla/benchmarks/bench_decode.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import time
+
+import torch
+
+import flashmla
+from flashmla.testing import make_inputs
+
+COPY_BW = 4.3e12     # measured device-to-device copy on the H200 (bytes read + written per second)
+BF16_PEAK = 790e12   # measured bf16 matmul rate on the H200 (cuBLAS, random data)
+
+
+def bench_graph(fn, rep_ms=60):
+    from triton.testing import do_bench_cudagraph
+    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
+
+
+def sdpa_baseline(q, kc, bt, sl, lmax, causal):
+    """Gather the pages, then one SDPA call for the whole batch. With one KV head, the s_q·h_q
+    query rows of a request are folded into SDPA's query-length axis (no K/V expansion)."""
+    b, s_q, h_q, d = q.shape
+    nblk = (lmax + 63) // 64
+    k = kc[bt[:, :nblk].long()].view(b, nblk * 64, d)[:, :lmax]                  # [b, L, d]
+    k = torch.nan_to_num(k).unsqueeze(1)      # slots past each length are NaN-poisoned; masked
+    pos = torch.arange(lmax, device=q.device)
+    qi = torch.arange(s_q, device=q.device).repeat_interleave(h_q)                 # query of each row
+    limit = sl.view(b, 1) - ((s_q - 1 - qi).view(1, -1) if causal else 0)        # [b, s_q*h_q]
+    mask = (pos.view(1, 1, lmax) < limit.unsqueeze(-1)).unsqueeze(1)             # [b, 1, rows, L]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.reshape(b, 1, s_q * h_q, d), k, k[..., :512], attn_mask=mask)
+    return o.view(b, s_q, h_q, 512)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
+    args = ap.parse_args()
+    assert torch.cuda.is_available() and flashmla.cuda_available(), "needs CUDA and the compiled kernels"
+    try:
+        import flashinfer  # noqa: F401
+        have_fi = True
+    except ImportError:
+        have_fi = False
+    print(f"device: {torch.cuda.get_device_name()}  flashmla {flashmla.__version__}  flashinfer: "
+          f"{'yes' if have_fi else 'not importable'}")
+    batches, lens, heads, sqs = [64, 128], [1024, 4096, 8192, 16384], [16, 32, 64, 128], [1, 2]
+    if args.quick:
+        batches, lens, heads, sqs = [64], [4096, 16384], [16, 128], [1, 2]
+    rows = []
+    hdr = (f"{'batch':>5} {'seqlen':>6} {'h_q':>4} {'s_q':>3} {'kind':>7} | {'ours us':>8} {'GB/s':>6} "
+           f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'ref us':>8} {'x':>6}")
+    print(hdr)
+    for batch, L, h_q, s_q, kind in itertools.product(batches, lens, heads, sqs, ["uniform", "ragged"]):
+        rng = random.Random(batch * L + h_q * 7 + s_q)
+        sl_list = [L] * batch if kind == "uniform" else [rng.randint(1, 2 * L) for _ in range(batch)]
+        causal = s_q > 1
+        q, kc, bt, sl = make_inputs(batch, sl_list, h_q, s_q, device="cuda", seed=1)
+        meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+        scale = 576 ** -0.5
+
+        def ours():
+            return torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, scale, causal, False)
+
+        out, _ = ours()
+        t = bench_graph(ours)
+        tot = sum(sl_list)
+        nbytes = 2 * (tot * 576 + q.numel() + out.numel())
+        flops = 2 * h_q * s_q * tot * (576 + 512)
+        rec = dict(batch=batch, seqlen=L, h_q=h_q, s_q=s_q, kind=kind, causal=causal, ours_s=t,
+                   gbps=nbytes / t / 1e9, tflops=flops / t / 1e12)
+        rec["frac_bw"] = nbytes / t / COPY_BW
+        rec["frac_mma"] = flops / t / BF16_PEAK
+        lmax = max(sl_list)
+        try:
+            ts = bench_graph(lambda: sdpa_baseline(q, kc, bt, sl, lmax, causal), rep_ms=30)
+        except torch.OutOfMemoryError:
+            ts = float("nan")
+        rec["sdpa_s"] = ts
+        if batch == batches[0] and kind == "uniform":   # the Python-loop reference is slow: a subset
+            flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
+            torch.cuda.synchronize()
+            rec["ref_s"] = time.perf_counter() - t0
+        else:
+            rec["ref_s"] = float("nan")
+        rows.append(rec)
+        print(f"{batch:>5} {L:>6} {h_q:>4} {s_q:>3} {kind:>7} | {t * 1e6:8.1f} {rec['gbps']:6.0f} "
+              f"{rec['tflops']:6.1f} {100 * rec['frac_bw']:4.0f} {100 * rec['frac_mma']:4.0f} | "
+              f"{ts * 1e6:8.1f} {ts / t:5.1f} | {rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f}", flush=True)
+        del q, kc, bt, sl
+        torch.cuda.empty_cache()
+    if args.fp8 and flashmla.api._C.fp8_kernel():
+        print("\nFP8 cache vs BF16 cache (same shapes, uniform)")
+        for batch, L, h_q in itertools.product([64, 128], [4096, 16384], [16, 32, 64, 128]):
+            q, kc, bt, sl = make_inputs(batch, L, h_q, 1, device="cuda", seed=2, poison=False)
+            k8 = flashmla.quantize_kvcache(kc)
+            meta, splits = flashmla.get_mla_metadata(sl, h_q, 1)
+            tb = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, 576 ** -0.5, False, False))
+            tf = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, k8, bt, sl, 512, meta, splits, 576 ** -0.5, False, True))
+            nb8 = batch * L * 656 + 2 * (q.numel() + batch * h_q * 512)
+            rows.append(dict(batch=batch, seqlen=L, h_q=h_q, s_q=1, kind="fp8", bf16_s=tb, fp8_s=tf,
+                             speedup=tb / tf, fp8_gbps=nb8 / tf / 1e9))
+            print(f"{batch:>5} {L:>6} {h_q:>4}  bf16 {tb * 1e6:8.1f} us  fp8 {tf * 1e6:8.1f} us  "
+                  f"x{tb / tf:4.2f}  fp8 {nb8 / tf / 1e9:6.0f} GB/s", flush=True)
+            del q, kc, k8
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+// MLA decode over a paged KV cache, sm_90a: split-KV main kernel + combine kernel.
+//
+// One CTA (8 warps) = BM query rows (BM = 16, 32 or 64; rows are (s_q index, head) pairs of one
+// request, row = i*h_q + h) x one scheduler part (a range of (request, page) positions from
+// get_mla_metadata). For each page of 64 tokens:
+//   S = Q K^T (BM x 64, K dim 576)   warp (wm, wn) computes rows wm*16.., keys wn*KPW..
+//   online softmax in fp32 (row max shared through shared memory, exp2 domain)
+//   O += P V  (BM x 512, V = first 512 columns of K)   warp (wm, wn) owns columns wn*CPW..
+// mma.sync m16n8k16 bf16 with fp32 accumulation; operands through ldmatrix from XOR-swizzled shared
+// memory; pages streamed with cp.async into two buffers (load page t+1 while computing page t).
+// A request covered by one part is written straight to out/lse; a split request writes fp32
+// partials (normalised O and its lse) that the combine kernel merges.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "launch.h"
+
+namespace flashmla {
+namespace {
+
+constexpr int D_QK = 576, D_V = 512, PAGE = 64, NT = 256;
+constexpr int ROWB = D_QK * 2;                 // bytes of one bf16 row in shared memory
+constexpr int RCH = ROWB / 16;                 // 16-byte chunks per row (72)
+constexpr int KTILE = PAGE * ROWB;             // bytes of one bf16 page (73728)
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// byte offset of 16-byte chunk `ch` of row `r` in a swizzled tile whose rows are `rowb` bytes
+__device__ __forceinline__ uint32_t swz(int r, int ch, int rowb) { return r * rowb + ((ch ^ (r & 7)) << 4); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int WM>
+struct Cfg {
+  static constexpr int BM = 16 * WM;       // query rows per CTA
+  static constexpr int WN = 8 / WM;        // warps side by side over keys (S) and columns (O)
+  static constexpr int KPW = PAGE / WN;    // keys of S per warp
+  static constexpr int NTS = KPW / 8;      // n8 tiles of S per warp
+  static constexpr int CPW = D_V / WN;     // output columns per warp
+  static constexpr int NTO = CPW / 8;      // n8 tiles of O per warp
+  static constexpr int SMEM_Q = BM * ROWB, SMEM_K = 2 * KTILE, SMEM_P = BM * 128;
+  static constexpr int SMEM = SMEM_Q + SMEM_K + SMEM_P + 2 * WN * BM * 4;
+};
+
+template <int WM>
+__global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
+  using C = Cfg<WM>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sQ = smem;
+  uint8_t* sK = sQ + C::SMEM_Q;
+  uint8_t* sP = sK + C::SMEM_K;
+  float* sMax = reinterpret_cast<float*>(sP + C::SMEM_P);
+  float* sSum = sMax + C::WN * C::BM;
+  const uint32_t uQ = smem_u32(sQ), uK = smem_u32(sK), uP = smem_u32(sP);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % WM, wn = warp / WM;
+  const int m = a.s_q * a.h_q;
+  const int row_base = blockIdx.x * C::BM;
+  const int* meta = a.meta + blockIdx.y * 8;
+  const int b0 = meta[0], k0 = meta[1], b1 = meta[2], k1 = meta[3], first = meta[4];
+  if (b0 >= a.batch || (b0 == b1 && k0 == k1)) return;
+  const int last = k1 > 0 ? b1 : b1 - 1;
+  const float scale_log2 = a.softmax_scale * LOG2E;
+  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.kcache);
+
+  // the two rows of each lane in the mma C layout
+  const int r_loc[2] = {wm * 16 + (lane >> 2), wm * 16 + (lane >> 2) + 8};
+
+  for (int b = b0; b <= last && b < a.batch; ++b) {
+    const int nb = min((max(a.seqlens[b], 0) + PAGE - 1) / PAGE, a.max_blocks);
+    const int L = min(max(a.seqlens[b], 0), nb * PAGE);
+    const int kbeg = b == b0 ? k0 : 0;
+    const int kend = min(b == b1 ? k1 : nb, nb);
+    const bool split = a.num_splits[b + 1] - a.num_splits[b] > 1;
+    const int g = first + (b - b0);
+    const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+
+    int lim[2];  // keys visible to each of the lane's rows
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rg = row_base + r_loc[h];
+      lim[h] = (a.causal && rg < m) ? min(L, L - a.s_q + 1 + rg / a.h_q) : L;
+    }
+
+    auto load_page = [&](int blk, int buf) {
+      const __nv_bfloat16* src = kc + (int64_t)bt[blk] * a.kcache_block_stride;
+      const int valid = L - blk * PAGE;  // tokens past it are zero-filled (never read: NaN-safe)
+      const uint32_t dst = uK + buf * KTILE;
+#pragma unroll 6
+      for (int c = tid; c < PAGE * RCH; c += NT) {
+        const int r = c / RCH, ch = c - r * RCH;
+        cp_async16(dst + swz(r, ch, ROWB), src + r * D_QK + ch * 8, r < valid);
+      }
+    };
+
+    float o[C::NTO][4];
+#pragma unroll
+    for (int i = 0; i < C::NTO; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+
+    if (kbeg < kend) {
+      const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(a.q) + (int64_t)b * m * D_QK;
+      for (int c = tid; c < C::BM * RCH; c += NT) {
+        const int r = c / RCH, ch = c - r * RCH;
+        const bool v = row_base + r < m;
+        cp_async16(uQ + swz(r, ch, ROWB), qb + (int64_t)(v ? row_base + r : 0) * D_QK + ch * 8, v);
+      }
+      load_page(kbeg, 0);
+      cp_commit();
+    }
+
+    for (int blk = kbeg; blk < kend; ++blk) {
+      const int buf = (blk - kbeg) & 1;
+      if (blk + 1 < kend) load_page(blk + 1, buf ^ 1);
+      cp_commit();
+      cp_wait<1>();
+      __syncthreads();
+      const uint32_t uKb = uK + buf * KTILE;
+
+      // ---- S = Q K^T for rows wm*16.., keys wn*KPW..
+      float s[C::NTS][4];
+#pragma unroll
+      for (int i = 0; i < C::NTS; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll 4
+      for (int kk = 0; kk < D_QK / 16; ++kk) {
+        uint32_t af[4];
+        ldsm_x4(af, uQ + swz(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), ROWB));
+        if constexpr (C::NTS == 1) {
+          uint32_t x0, x1;
+          ldsm_x2(x0, x1, uKb + swz(wn * C::KPW + (lane & 7), kk * 2 + ((lane >> 3) & 1), ROWB));
+          mma16816(s[0], af, x0, x1);
+        } else {
+#pragma unroll
+          for (int j = 0; j < C::NTS / 2; ++j) {
+            uint32_t x[4];
+            ldsm_x4(x, uKb + swz(wn * C::KPW + j * 16 + ((lane >> 4) << 3) + (lane & 7),
+                                 kk * 2 + ((lane >> 3) & 1), ROWB));
+            mma16816(s[2 * j], af, x[0], x[1]);
+            mma16816(s[2 * j + 1], af, x[2], x[3]);
+          }
+        }
+      }
+
+      // ---- mask, scale to the exp2 domain, row max
+      const int key0 = blk * PAGE + wn * C::KPW + (lane & 3) * 2;
+      float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+      for (int nt = 0; nt < C::NTS; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + nt * 8 + (e & 1);
+          const float v = key < lim[e >> 1] ? s[nt][e] * scale_log2 : NEG_INF;
+          s[nt][e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        if ((lane & 3) == 0) sMax[wn * C::BM + r_loc[h]] = mx[h];
+      }
+      __syncthreads();
+
+      // ---- online softmax update, P (bf16) to shared memory
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mn = mrow[h];
+#pragma unroll
+        for (int w = 0; w < C::WN; ++w) mn = fmaxf(mn, sMax[w * C::BM + r_loc[h]]);
+        const float muse = mn == NEG_INF ? 0.f : mn;
+        const float alpha = exp2f(mrow[h] - muse);
+        mrow[h] = mn;
+        lrow[h] *= alpha;
+#pragma unroll
+        for (int nt = 0; nt < C::NTO; ++nt) {
+          o[nt][2 * h] *= alpha;
+          o[nt][2 * h + 1] *= alpha;
+        }
+#pragma unroll
+        for (int nt = 0; nt < C::NTS; ++nt) {
+          const float p0 = exp2f(s[nt][2 * h] - muse), p1 = exp2f(s[nt][2 * h + 1] - muse);
+          lrow[h] += p0 + p1;
+          const int col = wn * C::KPW + nt * 8 + (lane & 3) * 2;
+          const int r = r_loc[h];
+          *reinterpret_cast<uint32_t*>(sP + r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) =
+              pack_bf16(p0, p1);
+        }
+      }
+      __syncthreads();
+
+      // ---- O += P V for rows wm*16.., columns wn*CPW..
+#pragma unroll
+      for (int ks = 0; ks < PAGE / 16; ++ks) {
+        uint32_t af[4];
+        ldsm_x4(af, uP + swz(wm * 16 + (lane & 15), ks * 2 + (lane >> 4), 128));
+#pragma unroll
+        for (int j = 0; j < C::NTO / 2; ++j) {
+          uint32_t x[4];
+          ldsm_x4_t(x, uKb + swz(ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                 (wn * C::CPW + j * 16) / 8 + (lane >> 4), ROWB));
+          mma16816(o[2 * j], af, x[0], x[1]);
+          mma16816(o[2 * j + 1], af, x[2], x[3]);
+        }
+      }
+      __syncthreads();
+    }
+    cp_wait<0>();
+
+    // ---- epilogue: total row sums across the WN warps, normalise, write
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
+      lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 2);
+      if ((lane & 3) == 0) sSum[wn * C::BM + r_loc[h]] = lrow[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rg = row_base + r_loc[h];
+      if (rg >= m) continue;
+      float lt = 0.f;
+#pragma unroll
+      for (int w = 0; w < C::WN; ++w) lt += sSum[w * C::BM + r_loc[h]];
+      const bool empty = !(lt > 0.f);
+      const float inv = empty ? 0.f : 1.f / lt;
+      const float lse = empty ? (split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lt)) * LN2;
+      const int col0 = wn * C::CPW + (lane & 3) * 2;
+      if (!split) {
+        __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V;
+#pragma unroll
+        for (int nt = 0; nt < C::NTO; ++nt)
+          *reinterpret_cast<uint32_t*>(orow + col0 + nt * 8) = pack_bf16(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
+        if (wn == 0 && (lane & 3) == 0) {
+          const int i = rg / a.h_q, hh = rg - i * a.h_q;
+          a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+        }
+      } else {
+        float* orow = a.oacc + ((int64_t)g * m + rg) * D_V;
+#pragma unroll
+        for (int nt = 0; nt < C::NTO; ++nt)
+          *reinterpret_cast<float2*>(orow + col0 + nt * 8) = make_float2(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
+        if (wn == 0 && (lane & 3) == 0) a.lacc[(int64_t)g * m + rg] = lse;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Merge the partials of split requests: one CTA of 128 threads per (row, request).
+__global__ void __launch_bounds__(128) mla_combine_kernel(const DecodeArgs a) {
+  const int rg = blockIdx.x, b = blockIdx.y, m = a.s_q * a.h_q;
+  const int s0 = a.num_splits[b], n = a.num_splits[b + 1] - s0;
+  if (n <= 1) return;
+  float mx = NEG_INF;
+  for (int j = 0; j < n; ++j) mx = fmaxf(mx, a.lacc[(int64_t)(s0 + j) * m + rg]);
+  const int i = rg / a.h_q, hh = rg - i * a.h_q;
+  __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + threadIdx.x * 4;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float sum = 0.f;
+  if (mx != NEG_INF) {
+    for (int j = 0; j < n; ++j) sum += expf(a.lacc[(int64_t)(s0 + j) * m + rg] - mx);
+    const float inv = 1.f / sum;
+    for (int j = 0; j < n; ++j) {
+      const float w = expf(a.lacc[(int64_t)(s0 + j) * m + rg] - mx) * inv;
+      if (w == 0.f) continue;
+      const float4 v = *reinterpret_cast<const float4*>(a.oacc + ((int64_t)(s0 + j) * m + rg) * D_V + threadIdx.x * 4);
+      acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
+    }
+  }
+  uint2 packed = make_uint2(pack_bf16(acc[0], acc[1]), pack_bf16(acc[2], acc[3]));
+  *reinterpret_cast<uint2*>(orow) = packed;
+  if (threadIdx.x == 0) a.lse[(int64_t)b * m + hh * a.s_q + i] = mx == NEG_INF ? -NEG_INF : mx + logf(sum);
+}
+
+template <int WM>
+cudaError_t launch(const DecodeArgs& a, cudaStream_t st) {
+  using C = Cfg<WM>;
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_kernel<WM>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  if (e != cudaSuccess) return e;
+  const int m = a.s_q * a.h_q;
+  dim3 grid((m + C::BM - 1) / C::BM, a.parts);
+  mla_decode_kernel<WM><<<grid, NT, C::SMEM, st>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool fp8_kernel_built() { return false; }
+
+const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
+  if (a.is_fp8) return "the FP8 KV cache kernel is not built";
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const int m = a.s_q * a.h_q;
+  cudaError_t e = m <= 16 ? launch<1>(a, st) : m <= 32 ? launch<2>(a, st) : launch<4>(a, st);
+  if (e == cudaSuccess) {
+    mla_combine_kernel<<<dim3(m, a.batch), 128, 0, st>>>(a);
+    e = cudaGetLastError();
+  }
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+}  // namespace flashmla
