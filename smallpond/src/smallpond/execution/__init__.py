@@ -1,0 +1,1 @@
+"""Execution: tasks, executors (local process pool, Ray), driver, progress and reports."""

@@ -1,0 +1,142 @@
+"""The shuffle task: split one input partition into N output files.
+
+engine "native": stream record batches, group rows per output with the C++ partitioner
+(``smallpond._C``), buffer and write one Parquet file per output partition.
+engine "duckdb": the SQL baseline (one ``COPY ... WHERE partition = j`` per output partition).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import List
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import partition as P
+from ..logical.dataset import ParquetDataSet
+from .task import Task, TaskError, _copy_sql, _describe, connect, register_inputs
+
+FLUSH_BYTES = 32 << 20        # per output partition
+FLUSH_TOTAL = 512 << 20       # all buffers of a task together
+READ_ROWS = 1 << 20
+
+
+def _batches(task: Task, con):
+    """Record batches of the single input partition, plus its schema."""
+    ds = task.inputs[0]
+    if ds.empty:
+        schema = ds.schema or pa.schema([])
+        return schema, iter(())
+    if isinstance(ds, ParquetDataSet) and ds.row_ranges is None and not ds.union_by_name:
+        files = [pq.ParquetFile(p) for p in ds.paths]
+        schema = files[0].schema_arrow if not ds.columns else pa.schema([files[0].schema_arrow.field(c) for c in ds.columns])
+
+        def gen():
+            for f in files:
+                yield from f.iter_batches(batch_size=READ_ROWS, columns=ds.columns, use_threads=task.threads > 1)
+        return schema, gen()
+    register_inputs(con, task.inputs)
+    reader = con.sql("select * from __input0").fetch_record_batch(READ_ROWS)
+    return reader.schema, iter(reader)
+
+
+def _groups(task: Task, batch: pa.RecordBatch, n: int, rng):
+    p = task.params
+    if p.get("data_partition_column"):
+        return P.value_partition_indices(batch, p["data_partition_column"], n)
+    if p.get("random_shuffle"):
+        ids = rng.integers(0, n, batch.num_rows, dtype=np.int64)
+        return P._C.partition_by_values((P.INT, 8, 0, None, ids, None), batch.num_rows, n)
+    return P.hash_partition_indices(batch, p["hash_columns"], n)
+
+
+def run_hash(task: Task, tmp: str) -> List[str]:
+    if task.params.get("engine_type", "native") == "duckdb":
+        return run_hash_duckdb(task, tmp)
+    n = task.params["npartitions"]
+    drop = task.params.get("drop_partition_column") and task.params.get("data_partition_column")
+    names = [f"part-{j:05d}.parquet" for j in range(n)]
+    seed = int(hashlib.sha1(task.key.encode()).hexdigest()[:8], 16)
+    rng = np.random.default_rng(seed)
+    con = connect(task)
+    writers = [None] * n
+    buffers: List[List[pa.RecordBatch]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    out_schema = None
+
+    def flush(j):
+        if not buffers[j]:
+            return
+        if writers[j] is None:
+            writers[j] = pq.ParquetWriter(os.path.join(tmp, names[j]), out_schema, compression=task.compression)
+        writers[j].write_table(pa.Table.from_batches(buffers[j], schema=out_schema))
+        buffers[j], sizes[j] = [], 0
+
+    try:
+        schema, batches = _batches(task, con)
+        out_schema = schema.remove(schema.get_field_index(drop)) if drop and drop in schema.names else schema
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            try:
+                idx, off = _groups(task, batch, n, rng)
+            except (ValueError, TypeError) as e:
+                raise TaskError(f"{_describe(task)}: {e}", fatal=True) from None
+            if drop:
+                batch = batch.drop_columns([drop])
+            for j, part in enumerate(P.split_batch(batch, idx, off)):
+                if part.num_rows:
+                    buffers[j].append(part)
+                    sizes[j] += part.nbytes
+                    if sizes[j] >= FLUSH_BYTES:
+                        flush(j)
+            if sum(sizes) >= FLUSH_TOTAL:
+                for j in range(n):
+                    flush(j)
+        for j in range(n):
+            flush(j)
+    finally:
+        for w in writers:
+            if w is not None:
+                w.close()
+        con.close()
+    for j in range(n):
+        if writers[j] is None:  # empty output partition: a zero-row file keeps the schema
+            pq.write_table(out_schema.empty_table(), os.path.join(tmp, names[j]), compression=task.compression)
+    return names
+
+
+def _quote(c: str) -> str:
+    return '"' + c.replace('"', '""') + '"'
+
+
+def run_hash_duckdb(task: Task, tmp: str) -> List[str]:
+    """Baseline: compute the partition id in SQL, then one COPY per output partition."""
+    p = task.params
+    n = p["npartitions"]
+    con = connect(task)
+    try:
+        register_inputs(con, task.inputs)
+        if p.get("data_partition_column"):
+            pid = _quote(p["data_partition_column"])
+        elif p.get("random_shuffle"):
+            pid = f"cast(floor(random() * {n}) as bigint)"
+        else:
+            pid = f"hash({', '.join(_quote(c) for c in p['hash_columns'])}) % {n}"
+        con.execute(f"create temp table __parts as select *, {pid} as __pid from __input0")
+        bad = con.execute(f"select __pid from __parts where __pid is null or __pid < 0 or __pid >= {n} limit 1").fetchall()
+        if bad:
+            raise TaskError(f"{_describe(task)}: partition id {bad[0][0]} out of range [0, {n})", fatal=True)
+        excl = "__pid"
+        if p.get("drop_partition_column") and p.get("data_partition_column"):
+            excl += ", " + _quote(p["data_partition_column"])
+        names = []
+        for j in range(n):
+            names.append(f"part-{j:05d}.parquet")
+            con.execute(_copy_sql(f"select * exclude ({excl}) from __parts where __pid = {j}",
+                                  os.path.join(tmp, names[-1]), task.compression))
+        return names
+    finally:
+        con.close()

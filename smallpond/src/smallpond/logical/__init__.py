@@ -1,0 +1,1 @@
+"""The logical-plan API: datasets (what to read) and nodes (what to compute)."""
