@@ -1,0 +1,295 @@
+// deepgemm SM90 GEMM: D = A @ B^T (+ C), FP8 (1x128 / 128x128 scaled) or BF16 inputs.
+//
+// Persistent, warp-specialised kernel: one producer warpgroup (one thread issues TMA loads of
+// A, B and A's scales into a ring of STAGES shared-memory buffers) and NUM_MATH_WG consumer
+// warpgroups (64 rows of the BM x BN tile each) issuing WGMMA on 128-byte-swizzled tiles.
+// FP8: each 128-wide K block is multiplied into a fresh register tile, which is then scaled by
+// sfa[row] * sfb[block] and added into the FP32 accumulator ("promotion" every 128 of K).
+//
+// No #include: the file compiles under NVRTC and nvcc alike. The JIT (deepgemm/jit) prepends the
+// Wgmma<BN, FP8> specialisation it needs and appends an extern "C" kernel that calls gemm_body
+// with every shape constant as a template argument.
+
+
+namespace dg {
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+enum Kind { kDense = 0, kContiguous = 1, kMasked = 2 };
+enum OutType { kOutBF16 = 0, kOutF32 = 1, kOutFP8 = 2 };
+enum CType { kNoC = 0, kCF32 = 1, kCBF16 = 2 };
+
+struct __align__(64) TmaDesc { u64 data[16]; };  // CUtensorMap, passed by value
+
+template <int N, bool FP8> struct Wgmma;  // specialised by the JIT: mma(d, desc_a, desc_b, scale_d)
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4}], [%2];"
+               :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void tma_prefetch(const TmaDesc* desc) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(desc)) : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(u32 id, u32 threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(kPending) : "memory");
+}
+template <int R> __device__ __forceinline__ void fence_regs(float (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+// Shared-memory matrix descriptor: K-major tile whose rows are 128 bytes, 128-byte swizzle,
+// 8-row core groups 1024 bytes apart (tile base 1024-aligned).
+__device__ __forceinline__ u64 make_desc(u32 addr) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+__device__ __forceinline__ float bits_to_float(u32 u) { float f; asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u)); return f; }
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ unsigned short pack_fp8(float lo, float hi) {
+  unsigned short r; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo)); return r;
+}
+
+// ---- tile scheduler (identical sequence in producer and consumers) ---------------------------
+template <int KIND, int BM, int NB>
+struct Scheduler {
+  int M, G, t, num_mb, cur_g, g_base;
+  const int* grouped;
+  __device__ Scheduler(int m, int g, const int* gr)
+      : M(m), G(g), t((int)blockIdx.x - (int)gridDim.x), num_mb((m + BM - 1) / BM), cur_g(0), g_base(0), grouped(gr) {}
+
+  __device__ bool next(int& m_blk, int& n_blk, int& g) {
+    constexpr int kBand = 16;  // N blocks per raster band: concurrent tiles share A rows and B rows in L2
+    while (true) {
+      t += gridDim.x;
+      if (KIND == kMasked) {
+        while (cur_g < G) {
+          int mg = grouped[cur_g];
+          mg = mg < 0 ? 0 : (mg > M ? M : mg);
+          const int mb = (mg + BM - 1) / BM;
+          if (t < g_base + mb * NB) {
+            const int loc = t - g_base;
+            n_blk = loc / mb; m_blk = loc - n_blk * mb; g = cur_g;
+            return true;
+          }
+          g_base += mb * NB; ++cur_g;
+        }
+        return false;
+      }
+      if (t >= num_mb * NB) return false;
+      const int band = t / (num_mb * kBand), rem = t - band * num_mb * kBand;
+      const int n0 = band * kBand, bw = NB - n0 < kBand ? NB - n0 : kBand;
+      m_blk = rem / bw; n_blk = n0 + rem % bw; g = 0;
+      if (KIND == kContiguous) {
+        g = grouped[m_blk * BM];
+        if (g < 0) continue;  // a block of padding rows: nothing to compute or write
+      }
+      return true;
+    }
+  }
+};
+
+// ---- shared-memory plan (the host computes the same total in deepgemm/jit/kernels.py) --------
+template <bool FP8, int K, int BM, int BN, int STAGES, int NUM_MATH_WG>
+struct SmemPlan {
+  static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 ? BM * 4 : 0;
+  static constexpr int kSFKB = K / 128;
+  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES +
+                                (FP8 ? NUM_MATH_WG * kSFKB * 4 : 0);
+};
+
+template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES>
+__device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
+                                          const float* __restrict__ sfb, void* __restrict__ d_ptr,
+                                          const void* __restrict__ c_ptr, const int* __restrict__ grouped,
+                                          int M, int num_groups) {
+  constexpr int NUM_MATH_WG = BM / 64;
+  constexpr int KEL = FP8 ? 128 : 64;  // elements per 128-byte K block
+  constexpr int KB = K / KEL;
+  constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
+  constexpr int NB = (N + BN - 1) / BN;
+  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, NUM_MATH_WG>;
+  constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
+  static_assert(BM == 64 || BM == 128, "BM");
+  static_assert(BN % 16 == 0 && BN <= 128 && 128 % BN == 0, "BN must divide 128 (one B scale per tile)");
+  static_assert(K % KEL == 0, "K");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  u32 base = smem_addr(smem_raw);
+  const u32 pad = (1024 - (base & 1023)) & 1023;
+  unsigned char* smem = smem_raw + pad;
+  base += pad;
+  const u32 sA = base, sB = sA + STAGES * A_BYTES, sSFA = sB + STAGES * B_BYTES;
+  const u32 bars = sSFA + STAGES * SFA_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
+  const float* sfa_smem = reinterpret_cast<const float*>(smem + (sSFA - base));
+  float* sfb_smem = reinterpret_cast<float*>(smem + (bars - base) + 16 * STAGES);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  if (tid == 0) {
+    u32 dyn;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (u32)Plan::kTotal) asm volatile("trap;");
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (STAGES + s), NUM_MATH_WG * 4);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  if (warp == NUM_MATH_WG * 4 && lane == 0) {
+    tma_prefetch(&tma_a);
+    tma_prefetch(&tma_b);
+    if (FP8) tma_prefetch(&tma_sfa);
+  }
+  __syncthreads();
+
+  if (wg == NUM_MATH_WG) {
+    // producer warpgroup: one thread streams K blocks of every tile of this CTA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp == NUM_MATH_WG * 4 && lane == 0) {
+      Scheduler<KIND, BM, NB> sched(M, num_groups, grouped);
+      int m_blk, n_blk, g;
+      u32 it = 0;
+      while (sched.next(m_blk, n_blk, g)) {
+        const int a_row = (KIND == kMasked ? g * M : 0) + m_blk * BM;
+        const int b_row = (KIND == kDense ? 0 : g * N) + n_blk * BN;
+        const int sf_y0 = KIND == kMasked ? g * SF_KB : 0;
+        for (int kb = 0; kb < KB; ++kb, ++it) {
+          const u32 s = it % STAGES, ph = (it / STAGES) & 1;
+          const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
+          mbar_wait(empty, ph ^ 1);
+          mbar_expect_tx(full, A_BYTES + B_BYTES + SFA_BYTES);
+          tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * KEL, a_row);
+          tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row);
+          if (FP8) tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BM, sf_y0 + kb);
+        }
+      }
+    }
+    return;
+  }
+
+  // consumer warpgroups: rows [wg*64, wg*64+64) of the tile
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int wtid = tid % 128, wwarp = warp % 4;
+  const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
+  float* my_sfb = sfb_smem + wg * SF_KB;
+  Scheduler<KIND, BM, NB> sched(M, num_groups, grouped);
+  int m_blk, n_blk, g;
+  u32 it = 0;
+  while (sched.next(m_blk, n_blk, g)) {
+    if (FP8) {  // B's scales for this N block, all K blocks, into shared memory
+      named_bar_sync(1 + wg, 128);
+      const float* src = sfb + ((KIND == kDense ? 0 : g) * SFB_NB + (n_blk * BN) / 128) * SF_KB;
+      for (int i = wtid; i < SF_KB; i += 128) my_sfb[i] = src[i];
+      named_bar_sync(1 + wg, 128);
+    }
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+
+    for (int kb = 0; kb < KB; ++kb, ++it) {
+      const u32 s = it % STAGES, ph = (it / STAGES) & 1;
+      mbar_wait(bars + 8 * s, ph);
+      const u32 a_addr = sA + s * A_BYTES + wg * 64 * 128, b_addr = sB + s * B_BYTES;
+      if constexpr (FP8) {
+        const float sa0 = sfa_smem[s * BM + wg * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wg * 64 + r_in_wg + 8];
+        const float sb = my_sfb[kb];
+        float tmp[BN / 2];
+        fence_regs(tmp);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) Wgmma<BN, true>::mma(tmp, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(tmp);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+        const float s0 = sa0 * sb, s1 = sa1 * sb;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] += tmp[i] * ((i & 2) ? s1 : s0);
+      } else {
+        fence_regs(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          Wgmma<BN, false>::mma(acc, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), (kb | k) != 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(acc);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+      }
+    }
+
+    // epilogue: registers -> global, rows/cols bounds-checked (N % 8 == 0 is required on the host)
+    int limit = M;
+    long long row_off = 0;
+    if (KIND == kMasked) {
+      const int mg = grouped[g];
+      limit = mg < 0 ? 0 : (mg > M ? M : mg);
+      row_off = (long long)g * M;
+    }
+    const int row0 = m_blk * BM + wg * 64 + r_in_wg;
+    const int col0 = n_blk * BN + (lane % 4) * 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row0 + half * 8;
+      if (r >= limit) continue;
+      if (KIND == kContiguous && grouped[r] < 0) continue;
+      const long long off = (row_off + r) * (long long)N;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = col0 + j * 8;
+        if (col >= N) continue;
+        float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
+        if (CT == kCF32) {
+          const float* cp = reinterpret_cast<const float*>(c_ptr) + off + col;
+          v0 += cp[0]; v1 += cp[1];
+        } else if (CT == kCBF16) {
+          const u32 cv = *(reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off + col));
+          v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+        }
+        if (OUT == kOutBF16) {
+          *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(d_ptr) + off + col) = pack_bf16(v0, v1);
+        } else if (OUT == kOutF32) {
+          float* dp = reinterpret_cast<float*>(d_ptr) + off + col;
+          dp[0] = v0; dp[1] = v1;
+        } else {
+          *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(d_ptr) + off + col) = pack_fp8(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dg

@@ -1,0 +1,216 @@
+"""Host side of the SM90 kernels: block-size choice, source generation, tensor maps, launch.
+
+Every kernel is `gemm_body<KIND, FP8, OUT, CT, N, K, BM, BN, STAGES>` from
+include/deepgemm/sm90_gemm.cuh, instantiated by a generated `extern "C"` wrapper and compiled
+once per parameter set (deepgemm.jit.compiler caches the cubin on disk)."""
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..utils import ceil_div, get_num_sms
+from . import compiler, runtime
+
+SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
+KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
+OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
+C_CODE = {None: 0, torch.float32: 1, torch.bfloat16: 2}
+BLOCK_MS = (64, 128)
+BLOCK_NS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Config:
+    kind: int
+    fp8: bool
+    out: int
+    ct: int
+    n: int
+    k: int
+    bm: int
+    bn: int
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.bm // 64 + 1)
+
+
+def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int) -> int:
+    """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh."""
+    sfa = bm * 4 if fp8 else 0
+    sfb = (bm // 64) * (k // 128) * 4 if fp8 else 0
+    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + sfb
+
+
+def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12) -> int:
+    kb = k // (128 if fp8 else 64)
+    s = cap
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s) > SMEM_LIMIT:
+        s -= 1
+    return max(1, min(s, max(kb, 2)))
+
+
+def tile_cost(bm: int, bn: int) -> float:
+    """Relative time of one 128-wide K block of a tile on one SM: the larger of the tensor-core
+    work (a single consumer warpgroup, BM = 64, idles while it rescales: x1.5) and the bytes
+    streamed in (64 units per row of A or B: balances a 128x128 tile)."""
+    mma = bm * bn * (1.5 if bm == 64 else 1.0)
+    load = (bm + bn) * 64.0
+    return max(mma, load)
+
+
+def choose_blocks(m: int, n: int, groups: int, num_sms: int) -> tuple[int, int]:
+    """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems."""
+    best = None
+    for bm in BLOCK_MS:
+        for bn in BLOCK_NS:
+            tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
+            cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn)
+            # tie-break: fewer tiles (less re-reading of A and B)
+            cand = (cost, tiles, -bm, -bn)
+            if best is None or cand < best[0]:
+                best = (cand, bm, bn)
+    return best[1], best[2]
+
+
+def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
+    bm, bn = choose_blocks(m_hint, n, groups, get_num_sms())
+    return Config(KINDS[kind], fp8, OUT_CODE[d.dtype], C_CODE[None if c is None else c.dtype], n, k, bm, bn,
+                  max_stages(fp8, k, bm, bn))
+
+
+# source generation
+def wgmma_specialisation(bn: int, fp8: bool) -> str:
+    """`Wgmma<BN, FP8>::mma`: one m64nBNk32 (FP8) / m64nBNk16 (BF16) WGMMA, A and B from shared memory."""
+    nreg = bn // 2
+    regs = ", ".join(f"%{i}" for i in range(nreg))
+    if fp8:
+        instr = f"wgmma.mma_async.sync.aligned.m64n{bn}k32.f32.e4m3.e4m3 {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1;"
+    else:
+        instr = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16 {{{regs}}}, %{nreg}, %{nreg + 1}, p, 1, 1, 0, 0;"
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    return (
+        "namespace dg {\n"
+        f"template <> struct Wgmma<{bn}, {'true' if fp8 else 'false'}> {{\n"
+        f"  __device__ __forceinline__ static void mma(float (&d)[{nreg}], u64 da, u64 db, int scale_d) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n{instr}\\n}}\\n"\n'
+        f"      : {outs}\n"
+        f'      : "l"(da), "l"(db), "r"(scale_d));\n'
+        "  }\n};\n}  // namespace dg\n"
+    )
+
+
+def kernel_source(cfg: Config) -> str:
+    args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
+            f"{cfg.bm}, {cfg.bn}, {cfg.stages}")
+    return (
+        f"// deepgemm kernel {asdict(cfg)}\n"
+        + compiler.read_header()
+        + "\n" + wgmma_specialisation(cfg.bn, cfg.fp8)
+        + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1) deepgemm_kernel(\n'
+        "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
+        "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c,\n"
+        "    const int* grouped, int M, int num_groups) {\n"
+        f"  dg::gemm_body<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups);\n"
+        "}\n"
+    )
+
+
+_kernels: dict[Config, runtime.Kernel] = {}
+_kernels_guard = threading.Lock()
+
+
+def get_kernel(cfg: Config) -> runtime.Kernel:
+    kern = _kernels.get(cfg)
+    if kern is not None:
+        return kern
+    with _kernels_guard:
+        kern = _kernels.get(cfg)
+        if kern is None:
+            src = kernel_source(cfg)
+            backend = compiler.choose_backend()
+            try:
+                cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend=backend)
+            except RuntimeError as exc:
+                if backend != "nvrtc" or compiler.nvcc_path() is None:
+                    raise
+                warnings.warn(f"deepgemm: NVRTC failed, retrying with nvcc: {str(exc)[:300]}")
+                cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
+            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages))
+            _kernels[cfg] = kern
+    return kern
+
+
+# launch
+_NULL_DESC = runtime.TmaDesc()
+
+
+def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups: int, tiles: int) -> None:
+    kern = get_kernel(cfg)
+    k, n = cfg.k, cfg.n
+    kel = 128 if cfg.fp8 else 64
+    dt = runtime.DT_UINT8 if cfg.fp8 else runtime.DT_BFLOAT16
+    esize = a.element_size()
+    rows_a, rows_b = a.numel() // k, b.numel() // k
+    tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, cfg.bm, runtime.SWIZZLE_128B)
+    tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, cfg.bn, runtime.SWIZZLE_128B)
+    if cfg.fp8:
+        # sfa: [(G,) M, KB] MN-major with the MN stride padded to 4: a row-major [(G*)KB, M_al] view
+        m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else ceil_div(sfa.shape[-2], 4) * 4
+        outer = sfa.shape[-1] * (sfa.shape[0] if sfa.dim() == 3 else 1)
+        tma_sfa = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, sfa.shape[-2], outer, m_al * 4,
+                                        cfg.bm, 1, runtime.SWIZZLE_NONE)
+    else:
+        tma_sfa = _NULL_DESC
+    vp = ctypes.c_void_p
+    args = [tma_a, tma_b, tma_sfa,
+            vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),
+            vp(c.data_ptr() if c is not None else 0), vp(grouped.data_ptr() if grouped is not None else 0),
+            ctypes.c_int(m_sched), ctypes.c_int(num_groups)]
+    grid = max(1, min(get_num_sms(), tiles))
+    kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid,
+                cfg.threads, args)
+
+
+def _check_sf_ptr(sfa: torch.Tensor) -> None:
+    if sfa.data_ptr() % 16:
+        raise ValueError("a scaling factors: expected a 16-byte aligned pointer after get_mn_major_tma_aligned_tensor")
+
+
+def gemm_nt(a, sfa, b, sfb, d, c) -> None:
+    m, k = a.shape
+    n = b.shape[0]
+    fp8 = sfa is not None
+    if fp8:
+        _check_sf_ptr(sfa)
+    cfg = make_config("dense", fp8, d, c, n, k, m, 1)
+    tiles = ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn)
+    _launch(cfg, a, sfa, b, sfb, d, c, None, m, 1, tiles)
+
+
+def m_grouped_gemm_nt_contiguous(a, sfa, b, sfb, d, m_indices) -> None:
+    m, k = a.shape
+    g, n, _ = b.shape
+    fp8 = sfa is not None
+    if fp8:
+        _check_sf_ptr(sfa)
+    cfg = make_config("contiguous", fp8, d, None, n, k, m, 1)
+    tiles = ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn)
+    _launch(cfg, a, sfa, b, sfb, d, None, m_indices, m, g, tiles)
+
+
+def m_grouped_gemm_nt_masked(a, sfa, b, sfb, d, masked_m, expected_m: int) -> None:
+    g, m_max, k = a.shape
+    n = b.shape[1]
+    fp8 = sfa is not None
+    if fp8:
+        _check_sf_ptr(sfa)
+    hint = min(max(expected_m, 1), m_max)
+    cfg = make_config("masked", fp8, d, None, n, k, hint, g)
+    tiles = g * ceil_div(m_max, cfg.bm) * ceil_div(n, cfg.bn)
+    _launch(cfg, a, sfa, b, sfb, d, None, masked_m, m_max, g, tiles)

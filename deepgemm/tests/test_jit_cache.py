@@ -1,0 +1,106 @@
+"""JIT compiler and disk cache (CPU): keys, atomic writes, cross-process reuse, real nvcc build."""
+import multiprocessing as mp
+import os
+import shutil
+import time
+
+import pytest
+
+from deepgemm.jit import compiler, kernels
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _fake_compile(source):
+    return b"\x7fELF" + source.encode()[:64], "ptxas info    : Used 42 registers"
+
+
+def test_cache_key_depends_on_everything():
+    k = compiler.cache_key("src", "nvcc", "nvcc:13.0")
+    assert k == compiler.cache_key("src", "nvcc", "nvcc:13.0")
+    assert len({k, compiler.cache_key("src2", "nvcc", "nvcc:13.0"), compiler.cache_key("src", "nvrtc", "nvcc:13.0"),
+                compiler.cache_key("src", "nvcc", "nvcc:12.8"), compiler.cache_key("src", "nvcc", "nvcc:13.0", "sm_100a")}) == 5
+    # shape constants are template arguments in the source, so they change the key
+    c1 = kernels.Config(0, True, 0, 0, 7168, 2048, 128, 128, 6)
+    c2 = kernels.Config(0, True, 0, 0, 7168, 4096, 128, 128, 6)
+    assert kernels.kernel_source(c1) != kernels.kernel_source(c2)
+    assert "gemm_body<0, true, 0, 0, 7168, 2048, 128, 128, 6>" in kernels.kernel_source(c1)
+
+
+def test_build_caches_on_disk(cache):
+    calls = []
+
+    def fn(src):
+        calls.append(src)
+        return _fake_compile(src)
+
+    blob, rec = compiler.build("k", "source A", {"n": 1}, compile_fn=fn)
+    assert rec.backend == "custom" and rec.seconds >= 0 and "42 registers" in rec.ptxas
+    blob2, rec2 = compiler.build("k", "source A", {"n": 1}, compile_fn=fn)
+    assert blob2 == blob and rec2.backend == "cache" and len(calls) == 1
+    compiler.build("k", "source B", compile_fn=fn)
+    assert len(calls) == 2
+    files = sorted(p.name for p in cache.iterdir())
+    assert sum(f.endswith(".cubin") for f in files) == 2 and not any(f.endswith(".tmp") for f in files)
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    p = tmp_path / "x.bin"
+    compiler.atomic_write(p, b"old")
+
+    with pytest.raises(TypeError):
+        compiler.atomic_write(p, object())  # write fails midway
+    assert p.read_bytes() == b"old"
+    assert [f.name for f in tmp_path.iterdir()] == ["x.bin"]
+
+
+def _worker(cache_dir, q):
+    os.environ["DEEPGEMM_CACHE_DIR"] = cache_dir
+
+    def slow(src):
+        time.sleep(0.5)
+        return _fake_compile(src)
+
+    blob, rec = compiler.build("k", "shared source", compile_fn=slow)
+    q.put((blob, rec.backend))
+
+
+def test_concurrent_processes_compile_once(cache):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(str(cache), q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    res = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert len({r[0] for r in res}) == 1
+    assert sorted(r[1] for r in res) == ["cache", "cache", "custom"]  # one compiled, two reused
+
+
+@pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
+def test_real_nvcc_compile(cache):
+    cfg = kernels.Config(2, True, 0, 0, 256, 256, 64, 32, kernels.max_stages(True, 256, 64, 32))
+    t0 = time.perf_counter()
+    cubin, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
+    assert cubin[:4] == b"\x7fELF" and rec.backend == "nvcc"
+    assert "registers" in rec.ptxas and "0 bytes spill stores" in rec.ptxas
+    assert time.perf_counter() - t0 < 120
+    _, rec2 = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
+    assert rec2.backend == "cache"
+
+
+def test_block_choice_and_smem():
+    for fp8 in (True, False):
+        for k in (512, 2048, 7168, 16384):
+            for bm in kernels.BLOCK_MS:
+                for bn in kernels.BLOCK_NS:
+                    s = kernels.max_stages(fp8, k, bm, bn)
+                    assert s >= 2 and kernels.smem_bytes(fp8, k, bm, bn, s) <= kernels.SMEM_LIMIT
+    assert kernels.choose_blocks(4096, 7168, 1, 132) == (128, 128)
+    bm, bn = kernels.choose_blocks(64, 7168, 1, 132)
+    assert bm == 64 and 7168 // bn >= 66  # small M: narrow N blocks so that most SMs get work
