@@ -61,6 +61,7 @@ class Kernel:
         if f is None:
             cu = lib()
             with torch.cuda.device(device):
+                torch.cuda.synchronize(device)  # makes torch's primary context current on this thread
                 mod = ctypes.c_void_p()
                 check(cu.cuModuleLoadData(ctypes.byref(mod), self.cubin), "cuModuleLoadData")
                 f = ctypes.c_void_p()

@@ -1,0 +1,228 @@
+"""deepgemm vs cuBLAS (torch._scaled_mm) on DeepSeek-V3 shapes: TFLOPS, GB/s and ratios.
+
+Peers, in the same run: `torch._scaled_mm` with blockwise scales (1x128 for A, 128x128 for B: the
+same recipe as deepgemm) where this torch/cuBLAS supports it, `torch._scaled_mm` with per-tensor
+scales (a speed-of-light reference: less work, less accuracy) and, for dense shapes, the
+PyTorch reference (fp32 matmul of dequantised inputs). Each op is timed as the replay of a CUDA
+graph that cycles through enough copies of the inputs to exceed the 60 MB L2 (so weights come
+from HBM, as in a real model), median of several replays.
+
+    python deepgemm/benchmarks/bench_gemm.py [--quick] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import deepgemm as dg
+from deepgemm import ref
+
+DENSE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+DENSE_M = [64, 128, 4096]
+GROUPED_NK = [(4096, 7168), (7168, 2048)]
+CONTIG = [(4, 8192), (8, 4096)]            # (groups, rows per group)
+MASKED = [(1, 256), (8, 64), (32, 32), (32, 256)]  # (groups, rows per group)
+
+
+def time_graph(fns, reps: int = 7) -> float:
+    """Seconds per call: fns is a list of closures (one per input copy); one graph runs them all."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3 / len(fns))
+    return statistics.median(times)
+
+
+def n_copies(bytes_per_call: int) -> int:
+    return max(1, min(16, math.ceil(200e6 / bytes_per_call)))
+
+
+_blockwise_layout = None
+
+
+def scaled_mm_blockwise(a, sfa, b, sfb):
+    """cuBLAS blockwise FP8 through torch._scaled_mm; finds the scale layout this torch accepts."""
+    global _blockwise_layout
+    variants = {
+        "sfa_mn_major": lambda: (dg.get_mn_major_tma_aligned_tensor(sfa), sfb.t()),
+        "sfa_mn_major_sfb_contig": lambda: (dg.get_mn_major_tma_aligned_tensor(sfa), sfb.t().contiguous()),
+        "contig": lambda: (sfa.contiguous(), sfb.t().contiguous()),
+    }
+    order = [_blockwise_layout] if _blockwise_layout else list(variants)
+    err = None
+    for name in order:
+        sa, sb = variants[name]()
+        try:
+            out = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+            _blockwise_layout = name
+            return lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), out
+        except Exception as e:  # noqa: BLE001 - unsupported by this torch/cuBLAS
+            err = e
+    raise RuntimeError(f"blockwise _scaled_mm unsupported: {str(err).splitlines()[0][:160]}")
+
+
+def bench_dense(m, n, k, with_ref=True):
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
+    nbytes = m * k + n * k + 2 * m * n + 4 * (m * k // 128 + n * k // 16384)
+    flops = 2 * m * n * k
+    copies = n_copies(nbytes)
+    sets = [(a, b) if i == 0 else ((a[0].clone(), a[1].clone()), (b[0].clone(), b[1].clone())) for i in range(copies)]
+    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    row = {"layout": "dense", "m": m, "n": n, "k": k}
+    t = time_graph([(lambda s=s, o=o: dg.fp8_gemm_nt(s[0], s[1], o)) for s, o in zip(sets, outs)])
+    r = torch.empty(m, n, device="cuda")
+    ref.ref_gemm_nt(*a, *b, r)
+    row.update(ours_us=t * 1e6, ours_tflops=flops / t / 1e12, ours_gbs=nbytes / t / 1e9,
+               diff=dg.calc_diff(outs[0], r))
+    try:
+        fns = []
+        for s in sets:
+            fn, out = scaled_mm_blockwise(s[0][0], s[0][1], s[1][0], s[1][1])
+            fns.append(fn)
+        row["cublas_block_diff"] = dg.calc_diff(out, r)
+        tb = time_graph(fns)
+        row.update(cublas_block_tflops=flops / tb / 1e12, speedup_vs_block=tb / t)
+    except RuntimeError as e:
+        row["cublas_block_error"] = str(e)
+    one = torch.ones((), device="cuda")
+    pt = [(lambda s=s: torch._scaled_mm(s[0][0], s[1][0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+          for s in sets]
+    tp = time_graph(pt)
+    row.update(cublas_tensor_tflops=flops / tp / 1e12, ratio_vs_tensor=tp / t)
+    if with_ref:
+        tr = time_graph([lambda: ref.ref_gemm_nt(*a, *b, r)], reps=3)
+        row.update(torch_ref_tflops=flops / tr / 1e12, speedup_vs_ref=tr / t)
+    return row
+
+
+def bench_contiguous(g, mg, n, k):
+    m = g * mg
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
+    idx = dg.testing.make_contiguous_m_indices([mg] * g, device="cuda")
+    d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    flops, nbytes = 2 * m * n * k, m * k + g * n * k + 2 * m * n
+    t = time_graph([lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, idx)])
+    r = torch.empty(m, n, device="cuda")
+    ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, idx)
+    row = {"layout": "contiguous", "groups": g, "m_per_group": mg, "n": n, "k": k, "ours_us": t * 1e6,
+           "ours_tflops": flops / t / 1e12, "ours_gbs": nbytes / t / 1e9, "diff": dg.calc_diff(d, r)}
+    try:  # peer: one blockwise cuBLAS GEMM per group
+        fns = [scaled_mm_blockwise(a[0][i * mg:(i + 1) * mg], a[1][i * mg:(i + 1) * mg].contiguous(),
+                                   b[0][i], b[1][i])[0] for i in range(g)]
+        tb = time_graph([lambda: [f() for f in fns]])
+        row.update(cublas_block_tflops=flops / tb / 1e12, speedup_vs_block=tb / t)
+    except RuntimeError as e:
+        row["cublas_block_error"] = str(e)
+    one = torch.ones((), device="cuda")
+    tp = time_graph([lambda: torch._scaled_mm(a[0], b[0][0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)])
+    row.update(cublas_tensor_tflops=2 * m * n * k / tp / 1e12, ratio_vs_tensor=tp / t)
+    return row
+
+
+def bench_masked(g, mg, n, k):
+    x = torch.randn(g, mg, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
+    mm = torch.full((g,), mg, dtype=torch.int32, device="cuda")
+    flops, nbytes = 2 * g * mg * n * k, g * (mg * k + n * k + 2 * mg * n)
+    copies = n_copies(nbytes)
+    bs = [b] + [(b[0].clone(), b[1].clone()) for _ in range(copies - 1)]
+    ds = [torch.empty(g, mg, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    t = time_graph([(lambda bb=bb, d=d: dg.m_grouped_fp8_gemm_nt_masked(a, bb, d, mm, mg)) for bb, d in zip(bs, ds)])
+    r = torch.empty(g, mg, n, device="cuda")
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
+    row = {"layout": "masked", "groups": g, "m_per_group": mg, "n": n, "k": k, "ours_us": t * 1e6,
+           "ours_tflops": flops / t / 1e12, "ours_gbs": nbytes / t / 1e9, "diff": dg.calc_diff(ds[0], r)}
+    try:
+        fns = [[scaled_mm_blockwise(a[0][i], a[1][i].contiguous(), bb[0][i], bb[1][i])[0] for i in range(g)] for bb in bs]
+        tb = time_graph([(lambda fs=fs: [f() for f in fs]) for fs in fns])
+        row.update(cublas_block_tflops=flops / tb / 1e12, speedup_vs_block=tb / t)
+    except RuntimeError as e:
+        row["cublas_block_error"] = str(e)
+    return row
+
+
+def fmt(v, p=1):
+    return "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gemm: needs a CUDA device")
+        return 0
+    torch.manual_seed(0)
+    t0 = time.time()
+    rows = []
+    dense = [(m, n, k) for m in DENSE_M for n, k in DENSE_NK]
+    if args.quick:
+        dense = [(64, 7168, 2048), (128, 7168, 2048), (4096, 7168, 2048), (4096, 4096, 7168)]
+    for m, n, k in dense:
+        rows.append(bench_dense(m, n, k, with_ref=not args.quick))
+        print(json.dumps(rows[-1]), flush=True)
+    for n, k in GROUPED_NK:
+        for g, mg in (CONTIG[:1] if args.quick else CONTIG):
+            rows.append(bench_contiguous(g, mg, n, k))
+            print(json.dumps(rows[-1]), flush=True)
+        for g, mg in (MASKED[1:3] if args.quick else MASKED):
+            rows.append(bench_masked(g, mg, n, k))
+            print(json.dumps(rows[-1]), flush=True)
+    from deepgemm.jit import compiler
+    compiles = [(r.params.get("kind"), r.params.get("n"), r.params.get("k"), r.params.get("bm"), r.params.get("bn"),
+                 r.backend, round(r.seconds, 2)) for r in compiler.COMPILE_LOG if r.backend != "cache"]
+    print(f"\ndevice: {torch.cuda.get_device_name()}, torch {torch.__version__}, blockwise layout: {_blockwise_layout}")
+    print("| layout | M (G x m) | N | K | ours us | ours TFLOPS | GB/s | cuBLAS block TFLOPS | x vs block "
+          "| cuBLAS tensor TFLOPS | ours/tensor | diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mdesc = r.get("m") if r["layout"] == "dense" else f"{r['groups']}x{r['m_per_group']}"
+        print(f"| {r['layout']} | {mdesc} | {r['n']} | {r['k']} | {fmt(r['ours_us'])} | {fmt(r['ours_tflops'])} "
+              f"| {fmt(r['ours_gbs'], 0)} | {fmt(r.get('cublas_block_tflops'))} | {fmt(r.get('speedup_vs_block'), 2)} "
+              f"| {fmt(r.get('cublas_tensor_tflops'))} | {fmt(r.get('ratio_vs_tensor'), 2)} | {r['diff']:.1e} |")
+    sp = [r["speedup_vs_block"] for r in rows if r["layout"] == "dense" and "speedup_vs_block" in r]
+    sp_small = [r["speedup_vs_block"] for r in rows if r["layout"] == "dense" and r["m"] <= 128 and "speedup_vs_block" in r]
+    gm = lambda v: math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")  # noqa: E731
+    summary = {"geomean_speedup_dense": gm(sp), "geomean_speedup_dense_m_le_128": gm(sp_small),
+               "max_dense_tflops": max(r["ours_tflops"] for r in rows if r["layout"] == "dense"),
+               "compiles": compiles, "seconds": time.time() - t0, "blockwise_layout": _blockwise_layout}
+    print(f"geomean speed-up vs cuBLAS blockwise: dense {summary['geomean_speedup_dense']:.2f}x, "
+          f"M<=128 {summary['geomean_speedup_dense_m_le_128']:.2f}x; max dense {summary['max_dense_tflops']:.0f} TFLOPS")
+    print("cold compiles (kind, N, K, BM, BN, backend, s):", compiles)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "summary": summary, "device": torch.cuda.get_device_name(),
+                       "torch": torch.__version__}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+#!/bin/bash
+# One device call: install, smoke (`python -m deepgemm`), GPU tests, benchmark. Logs under $OUT.
+# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full] [pytest -k expr]
+set -o pipefail
+export PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=/tmp/dgcache
+MODE=${1:-quick}; KEXPR=${2:-}
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
+timeout 150 python3 -m pip install --no-build-isolation --no-deps -q ./deepgemm 2>&1 | tail -3
+timeout 120 python3 -m deepgemm 2>&1 | tee $OUT/main.log || { echo "SMOKE FAILED"; exit 1; }
+if [ "$MODE" != bench ]; then
+  timeout ${PYTEST_TIMEOUT:-240} python3 -m pytest deepgemm/tests -m gpu -q -p no:cacheprovider --timeout 120 \
+    ${KEXPR:+-k "$KEXPR"} -rf 2>&1 | tee $OUT/gpu_tests.log | tail -40
+fi
+if [ "$MODE" != tests ]; then
+  BARGS=$([ "$MODE" = full ] && echo "" || echo "--quick")
+  timeout ${BENCH_TIMEOUT:-200} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
+fi
+python3 - <<'PY' > $OUT/compiles.txt
+import glob, json
+for f in sorted(glob.glob('/tmp/dgcache/*.json')):
+    m = json.load(open(f)); p = m['params']
+    print(m['backend'], round(m['seconds'], 2), {k: p[k] for k in ('kind', 'fp8', 'n', 'k', 'bm', 'bn', 'stages')}, m['ptxas'][-200:])
+PY
+tail -5 $OUT/compiles.txt
+cubin=$(ls /tmp/dgcache/*.cubin | head -1); cuobjdump --dump-sass $cubin | grep -oE "(QGMMA|HGMMA|UTMALDG|USETMAXREG)[.A-Z0-9x]*" | sort | uniq -c

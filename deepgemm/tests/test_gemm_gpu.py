@@ -1,0 +1,201 @@
+"""The SM90 kernels against the reference (fp32 matmul of the dequantised inputs), on the GPU.
+Shapes: DeepSeek-V3's dense (N, K) pairs, MoE grouped layouts, unaligned M, masked_m with 0."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import deepgemm as dg
+from deepgemm import ref
+from generators import poisoned
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+TOL_REF = 1e-5   # vs the dequantised fp32 reference (bf16 output rounding only)
+TOL_ORIG = 1e-3  # vs the unquantised product: DeepGEMM's own criterion
+
+
+def _sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _rand(shape, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=DEV, dtype=torch.bfloat16)
+
+
+def _check(d, ref_out, orig=None):
+    assert not d.float().isnan().any(), "unwritten (NaN) outputs"
+    assert dg.calc_diff(d, ref_out) < TOL_REF, dg.calc_diff(d, ref_out)
+    if orig is not None:
+        assert dg.calc_diff(d, orig) < TOL_ORIG
+
+
+@pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
+@pytest.mark.parametrize("m", [1, 64, 128, 4096, 37, 1000])
+def test_fp8_gemm_nt(m, nk):
+    n, k = nk
+    x, y = _rand((m, k), m * 7 + n), _rand((n, k), k)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, d)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    _check(d, r, x.float() @ y.float().t())
+
+
+@pytest.mark.parametrize("out", [torch.float32, torch.float8_e4m3fn])
+def test_fp8_gemm_accumulate_and_fp8_out(out):
+    m, n, k = 256, 4096, 7168
+    x, y = _rand((m, k), 1), _rand((n, k), 2)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    if out == torch.float32:
+        c = torch.randn(m, n, device=DEV) * 30
+        d = poisoned((m, n), out, DEV)
+        dg.fp8_gemm_nt(a, b, d, c=c)
+        _check(d, r + c)
+        cb = c.bfloat16()
+        dg.fp8_gemm_nt(a, b, d, c=cb)
+        _check(d, r + cb.float())
+    else:
+        d = poisoned((m, n), out, DEV)
+        dg.fp8_gemm_nt(a, b, d)
+        assert dg.calc_diff(d.float(), r) < 2e-3
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 7168, 2048), (64, 2112, 7168), (4096, 4096, 7168), (333, 24576, 1536)])
+def test_bf16_gemm_nt(m, n, k):
+    x, y = _rand((m, k), 3), _rand((n, k), 4)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.bf16_gemm_nt(x, y, d)
+    _check(d, x.float() @ y.float().t())
+
+
+def _group_sizes(g, mean, seed):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = (torch.rand(g, generator=gen) * 2 * mean).long().tolist()
+    sizes[0] = 0  # an empty expert
+    return sizes
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("g,mean,nk", [(4, 1024, (4096, 7168)), (8, 256, (7168, 2048)), (32, 96, (4096, 7168))])
+def test_m_grouped_contiguous(g, mean, nk, fp8):
+    n, k = nk
+    m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, mean, g), device=DEV)
+    m = m_indices.numel()
+    x, y = _rand((m, k), 5), _rand((g, n, k), 6)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    r = torch.full((m, n), float("nan"), device=DEV)
+    if fp8:
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+        ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
+    else:
+        dg.m_grouped_bf16_gemm_nt_contiguous(x, y, d, m_indices)
+        ref.ref_m_grouped_gemm_nt_contiguous(x, None, y, None, r, m_indices)
+    valid = m_indices >= 0
+    assert d[~valid].float().isnan().all(), "padding rows were written"
+    _check(d[valid], r[valid])
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("g,m_max,nk", [(1, 256, (4096, 7168)), (4, 128, (7168, 2048)),
+                                        (8, 64, (4096, 7168)), (32, 32, (7168, 2048))])
+def test_m_grouped_masked(g, m_max, nk, fp8):
+    n, k = nk
+    gen = torch.Generator().manual_seed(g + m_max)
+    mm = torch.randint(0, m_max + 1, (g,), generator=gen, dtype=torch.int32)
+    mm[0] = 0
+    if g > 1:
+        mm[1] = m_max
+    masked_m = mm.to(DEV)
+    x, y = _rand((g, m_max, k), 7), _rand((g, n, k), 8)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    if fp8:
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        dg.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m=max(1, int(mm.float().mean())))
+        ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, masked_m)
+    else:
+        dg.m_grouped_bf16_gemm_nt_masked(x, y, d, masked_m, m_max // 2)
+        ref.ref_m_grouped_gemm_nt_masked(x, None, y, None, r, masked_m)
+    for gi, m in enumerate(mm.tolist()):
+        assert d[gi, m:].float().isnan().all(), f"group {gi}: rows past masked_m written"
+        if m:
+            _check(d[gi, :m], r[gi, :m])
+
+
+def test_cuda_graph_masked():
+    g, m_max, n, k = 8, 64, 4096, 7168
+    x, y = _rand((g, m_max, k), 9), _rand((g, n, k), 10)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
+    masked_m = torch.full((g,), 16, dtype=torch.int32, device=DEV)
+    d = torch.zeros(g, m_max, n, dtype=torch.bfloat16, device=DEV)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 16)  # warm-up: compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dg.m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, 16)
+    for trial in range(2):
+        new = torch.randint(0, m_max + 1, (g,), generator=torch.Generator().manual_seed(trial), dtype=torch.int32)
+        masked_m.copy_(new)
+        x2 = _rand((g, m_max, k), 100 + trial)
+        a2 = dg.per_token_cast_to_fp8(x2)
+        a[0].copy_(a2[0])
+        a[1].copy_(a2[1])
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        r = torch.full((g, m_max, n), float("nan"), device=DEV)
+        ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, masked_m)
+        for gi, m in enumerate(new.tolist()):
+            assert d[gi, m:].float().isnan().all()
+            if m:
+                _check(d[gi, :m], r[gi, :m])
+
+
+def test_torch_compile_cuda():
+    m, n, k = 128, 7168, 2048
+    x, y = _rand((m, k), 11), _rand((n, k), 12)
+    b = dg.per_block_cast_to_fp8(y)
+
+    def f(x, b0, b1):
+        a = dg.per_token_cast_to_fp8(x)
+        d = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+        dg.fp8_gemm_nt(a, (b0, b1), d)
+        return torch.relu(d)
+
+    eager = f(x, *b)
+    comp = torch.compile(f, fullgraph=True)(x, *b)
+    assert dg.calc_diff(comp, eager) < 1e-6
+
+
+def test_backends_and_cache_reuse(tmp_path):
+    """NVRTC and nvcc produce working kernels; a second process finds them in the disk cache."""
+    from deepgemm.jit import compiler
+    script = (
+        "import torch, deepgemm as dg\n"
+        "from deepgemm.jit import compiler\n"
+        "x = torch.randn(100, 1536, device='cuda', dtype=torch.bfloat16); y = torch.randn(2048, 1536, device='cuda', dtype=torch.bfloat16)\n"
+        "a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)\n"
+        "d = torch.full((100, 2048), float('nan'), device='cuda', dtype=torch.bfloat16)\n"
+        "dg.fp8_gemm_nt(a, b, d)\n"
+        "diff = dg.calc_diff(d, x.float() @ y.float().t())\n"
+        "assert diff < 1e-3, diff\n"
+        "print('RESULT', [(r.backend, round(r.seconds, 3)) for r in compiler.COMPILE_LOG])\n"
+    )
+    backends = ["nvcc"] + (["nvrtc"] if compiler._nvrtc() is not None else [])
+    for be in backends:
+        env = dict(os.environ, DEEPGEMM_CACHE_DIR=str(tmp_path / be), DEEPGEMM_JIT_BACKEND=be)
+        outs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+                for _ in range(2)]
+        for o in outs:
+            assert o.returncode == 0, o.stderr[-2000:]
+        first, second = (o.stdout.split("RESULT")[-1] for o in outs)
+        assert be in first and "cache" in second and be not in second, (first, second)
