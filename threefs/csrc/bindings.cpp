@@ -106,8 +106,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("chunk_id"), py::arg("ver"), py::arg("chain_ver"), py::arg("data"))
       .def(
           "read",
-          [](ChunkEngine& e, py::bytes id, uint64_t offset, uint64_t length,
-             bool verify) -> py::object {
+          [](ChunkEngine& e, py::bytes id, uint64_t offset, uint64_t length, bool verify,
+             bool pending) -> py::object {
             std::string k = id;
             PyObject* out = nullptr;
             bool found;
@@ -121,7 +121,7 @@ PYBIND11_MODULE(_C, m) {
                   out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(n));
                   if (!out) throw std::bad_alloc();
                   return PyBytes_AS_STRING(out);
-                });
+                }, pending);
               } catch (...) {
                 err = std::current_exception();
               }
@@ -133,7 +133,12 @@ PYBIND11_MODULE(_C, m) {
             if (!found) return py::none();
             return py::reinterpret_steal<py::object>(out);
           },
-          py::arg("chunk_id"), py::arg("offset"), py::arg("length"), py::arg("verify") = true)
+          py::arg("chunk_id"), py::arg("offset"), py::arg("length"), py::arg("verify") = true,
+          py::arg("pending") = false)
+      .def(
+          "abort",
+          [](ChunkEngine& e, py::bytes id, uint64_t ver) { return e.abort(std::string(id), ver); },
+          py::arg("chunk_id"), py::arg("ver"))
       .def(
           "meta",
           [](ChunkEngine& e, py::bytes id) -> py::object {

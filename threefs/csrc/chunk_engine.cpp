@@ -398,9 +398,21 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
   return cur;
 }
 
+bool ChunkEngine::abort(const std::string& id, uint64_t ver) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = chunks_.find(id);
+  if (it == chunks_.end() || it->second.pending_ver != ver) return false;
+  ::unlink(chunk_path(id, true).c_str());
+  used_ -= kHeader + it->second.pending_size;
+  it->second.pending_ver = 0;
+  it->second.pending_size = it->second.pending_crc = 0;
+  if (!it->second.committed_ver) chunks_.erase(it);
+  return true;
+}
+
 bool ChunkEngine::read(const std::string& id, uint64_t offset, uint64_t length, bool verify,
-                       const std::function<char*(size_t)>& alloc) {
-  std::string c = chunk_path(id, false);
+                       const std::function<char*(size_t)>& alloc, bool pending) {
+  std::string c = chunk_path(id, pending);
   Fd f(::open(c.c_str(), O_RDONLY));
   if (f.fd < 0) {
     if (errno == ENOENT) return false;

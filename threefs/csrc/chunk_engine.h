@@ -61,7 +61,9 @@ class ChunkEngine {
   // Read committed bytes [offset, offset+length) into a buffer from `alloc(n)`. Returns false when
   // the chunk has no committed version. Throws ChecksumError when verify and the CRC mismatches.
   bool read(const std::string& id, uint64_t offset, uint64_t length, bool verify,
-            const std::function<char*(size_t)>& alloc);
+            const std::function<char*(size_t)>& alloc, bool pending = false);
+  // Drop pending version `ver` (a successor refused it). Returns false if it is not pending.
+  bool abort(const std::string& id, uint64_t ver);
   std::optional<ChunkMeta> meta(const std::string& id);
   std::vector<std::pair<std::string, ChunkMeta>> list(const std::string& prefix, size_t limit);
   bool remove(const std::string& id);

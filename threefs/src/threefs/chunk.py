@@ -5,6 +5,7 @@ chunks of one file are adjacent in the engine's ordered index (`list(prefix=inod
 """
 from __future__ import annotations
 
+import os
 import struct
 
 from . import _C
@@ -51,6 +52,7 @@ class ChunkEngine:
         if not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be a positive int, got {capacity_bytes!r}")
         self.max_chunk_size = max_chunk_size
+        os.makedirs(root, exist_ok=True)
         self._e = _C.ChunkEngine(str(root), fsync_policy, capacity_bytes, max_chunk_size)
 
     def update(self, chunk_id: bytes, ver: int, chain_ver: int, offset: int, data,
@@ -74,11 +76,15 @@ class ChunkEngine:
         return self._e.replace_committed(_check_id(chunk_id), ver, chain_ver, data)
 
     def read(self, chunk_id: bytes, offset: int = 0, length: int = 1 << 62,
-             verify: bool = True):
-        """Committed bytes [offset, offset+length), or None when nothing is committed."""
+             verify: bool = True, pending: bool = False):
+        """Committed (or pending) bytes [offset, offset+length), or None when there are none."""
         if offset < 0 or length < 0:
             raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
-        return self._e.read(_check_id(chunk_id), offset, length, verify)
+        return self._e.read(_check_id(chunk_id), offset, length, verify, pending)
+
+    def abort(self, chunk_id: bytes, ver: int) -> bool:
+        """Drop pending version `ver`."""
+        return self._e.abort(_check_id(chunk_id), ver)
 
     def meta(self, chunk_id: bytes):
         return self._e.meta(_check_id(chunk_id))

@@ -1,0 +1,355 @@
+"""threefs client: file objects, pread/pwrite, batched reads and namespace operations.
+
+    c = threefs.Client(["127.0.0.1:9000"], secret="...", uid=1000, gid=1000)
+    with c.open("/data/x.bin", "wb") as f:
+        f.write(b"...")
+    data = c.pread("/data/x.bin", 4096, 0)
+Data goes straight between the client and the storage chains (CRAQ); the meta service handles
+only the namespace. Every call retries across routing and chain changes until its deadline.
+"""
+from __future__ import annotations
+
+import errno
+import io
+import os
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from . import rpc
+from .chunk import chunk_id
+from .common import MgmtdClient
+from .storage_client import StorageClient, raise_os
+
+_MODES = {"r": ({"read"}, False), "rb": ({"read"}, False),
+          "w": ({"write", "create", "trunc"}, False), "wb": ({"write", "create", "trunc"}, False),
+          "a": ({"write", "create", "append"}, True), "ab": ({"write", "create", "append"}, True),
+          "x": ({"write", "create", "excl"}, False), "xb": ({"write", "create", "excl"}, False),
+          "r+": ({"read", "write"}, False), "r+b": ({"read", "write"}, False),
+          "rb+": ({"read", "write"}, False), "w+": ({"read", "write", "create", "trunc"}, False),
+          "w+b": ({"read", "write", "create", "trunc"}, False),
+          "wb+": ({"read", "write", "create", "trunc"}, False)}
+
+
+class Client:
+    """mgmtd: 'host:port' or a list of them; secret: the cluster secret; uid/gid: the identity
+    the meta service checks permission bits against."""
+
+    def __init__(self, mgmtd, secret, uid: int | None = None, gid: int | None = None,
+                 gids=(), deadline_s: float = 60.0, io_threads: int = 4):
+        addrs = [mgmtd] if isinstance(mgmtd, str) else list(mgmtd)
+        for a in addrs:
+            rpc.parse_addr(a)
+        self.rpc = rpc.Client(secret)
+        self.mgmtd = MgmtdClient(addrs, self.rpc)
+        self.user = {"uid": os.getuid() if uid is None else int(uid),
+                     "gid": os.getgid() if gid is None else int(gid), "gids": list(gids)}
+        self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s)
+        self.deadline_s = deadline_s
+        self._meta_i = random.randrange(1 << 16)
+        self._pool = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
+        self.max_file_size = None
+
+    # --- meta calls with fail-over -----------------------------------------------------------
+    def _meta(self, method: str, **args):
+        import time
+        end = time.time() + self.deadline_s
+        last = None
+        while time.time() < end:
+            addrs = self.storage.routing.meta_addrs()
+            if not addrs:
+                self.storage.refresh(force=True)
+                addrs = self.storage.routing.meta_addrs()
+            for k in range(len(addrs)):
+                addr = addrs[(self._meta_i + k) % len(addrs)]
+                try:
+                    res, _ = self.rpc.call(addr, method, {**args, "user": self.user})
+                    self._meta_i = (self._meta_i + k) % max(1, len(addrs))
+                    return res
+                except rpc.RpcError as e:
+                    if e.code in ("UNAVAILABLE", "INTERNAL") and "Timeout" in e.msg:
+                        last = e
+                        continue
+                    raise_os(e)
+                except ConnectionError as e:
+                    if isinstance(e, rpc.AuthError):
+                        raise
+                    last = e
+            time.sleep(0.1)
+            try:
+                self.storage.refresh(force=True)
+            except ConnectionError as e:
+                last = e
+        raise TimeoutError(f"no meta service answered {method}: {last}")
+
+    # --- namespace -----------------------------------------------------------------------------
+    def stat(self, path: str, follow_symlinks: bool = True) -> dict:
+        return self._meta("stat", path=path, follow=follow_symlinks)["attrs"]
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def listdir(self, path: str = "/", page_size: int = 1000) -> list[str]:
+        return [e["name"] for e in self.scandir(path, page_size)]
+
+    def scandir(self, path: str = "/", page_size: int = 1000) -> list[dict]:
+        out, after = [], None
+        while True:
+            r = self._meta("listdir", path=path, start_after=after, limit=page_size)
+            out += r["entries"]
+            if not r["more"]:
+                return out
+            after = r["entries"][-1]["name"]
+
+    def mkdir(self, path: str, mode: int = 0o755, chunk_size: int | None = None,
+              stripe: int | None = None):
+        layout = {k: v for k, v in (("chunk_size", chunk_size), ("stripe", stripe)) if v}
+        if chunk_size is not None and not 4096 <= chunk_size <= (4 << 20):
+            raise ValueError(f"chunk_size must be in [4096, 4 MiB], got {chunk_size}")
+        return self._meta("mkdir", path=path, mode=mode, layout=layout)["attrs"]
+
+    def makedirs(self, path: str, mode: int = 0o755, exist_ok: bool = True):
+        cur = ""
+        for part in [p for p in path.split("/") if p]:
+            cur += "/" + part
+            try:
+                self.mkdir(cur, mode)
+            except FileExistsError:
+                if not exist_ok and cur == path.rstrip("/"):
+                    raise
+
+    def rmdir(self, path: str):
+        self._meta("rmdir", path=path)
+
+    def remove(self, path: str):
+        self._meta("unlink", path=path)
+
+    unlink = remove
+
+    def rename(self, src: str, dst: str):
+        self._meta("rename", src=src, dst=dst)
+
+    def link(self, src: str, dst: str):
+        return self._meta("link", src=src, dst=dst)["attrs"]
+
+    def symlink(self, target: str, path: str):
+        return self._meta("symlink", target=target, path=path)["attrs"]
+
+    def readlink(self, path: str) -> str:
+        return self._meta("readlink", path=path)["target"]
+
+    def chmod(self, path: str, mode: int):
+        return self._meta("setattr", path=path, mode=mode)["attrs"]
+
+    def chown(self, path: str, uid: int, gid: int):
+        return self._meta("setattr", path=path, uid=uid, gid=gid)["attrs"]
+
+    def utime(self, path: str, atime: float, mtime: float):
+        return self._meta("setattr", path=path, atime=atime, mtime=mtime)["attrs"]
+
+    def truncate(self, path: str, size: int):
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f"size must be a non-negative int, got {size!r}")
+        return self._meta("setattr", path=path, size=size)["attrs"]
+
+    def statfs(self) -> dict:
+        return self._meta("statfs")
+
+    # --- data ------------------------------------------------------------------------------------
+    def open(self, path: str, mode: str = "rb", perm: int = 0o644) -> "File":
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+        flags, append = _MODES[mode]
+        r = self._meta("open", path=path, flags=sorted(flags), mode=perm)
+        return File(self, path, r["attrs"], r["session"], flags, append)
+
+    def _max_size(self) -> int:
+        if self.max_file_size is None:
+            self.max_file_size = int(self.statfs()["max_file_size"])
+        return self.max_file_size
+
+    def _pieces(self, layout: dict, offset: int, length: int):
+        cs = layout["chunk_size"]
+        chains = layout["chains"]
+        pos, end = offset, offset + length
+        while pos < end:
+            idx, off = divmod(pos, cs)
+            n = min(cs - off, end - pos)
+            yield idx, chains[idx % len(chains)], off, n, pos - offset
+            pos += n
+
+    def _map(self, fn, items):
+        if self._pool is None or len(items) <= 1:
+            return [fn(*i) for i in items]
+        return list(self._pool.map(lambda a: fn(*a), items))
+
+    def write_at(self, attrs: dict, offset: int, data) -> int:
+        mv = memoryview(data).cast("B")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        if offset + mv.nbytes > self._max_size():
+            raise OSError(errno.EFBIG, f"write past the maximum file size {self._max_size()}")
+        items = [(ch, chunk_id(attrs["id"], idx), off, mv[rel:rel + n])
+                 for idx, ch, off, n, rel in self._pieces(attrs["layout"], offset, mv.nbytes)]
+        self._map(self.storage.write_chunk, items)
+        return mv.nbytes
+
+    def read_at(self, attrs: dict, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset+length) of the chunks (holes and missing chunks read as 0)."""
+        if offset < 0 or length < 0:
+            raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
+        pieces = list(self._pieces(attrs["layout"], offset, length))
+        got = self._map(lambda idx, ch, off, n, rel:
+                        self.storage.read_chunk(ch, chunk_id(attrs["id"], idx), off, n), pieces)
+        out = bytearray(length)
+        for (idx, ch, off, n, rel), d in zip(pieces, got):
+            out[rel:rel + len(d)] = d
+        return bytes(out)
+
+    def pwrite(self, path_or_file, data, offset: int) -> int:
+        if isinstance(path_or_file, File):
+            return path_or_file.pwrite(data, offset)
+        with self.open(path_or_file, "r+b") as f:
+            return f.pwrite(data, offset)
+
+    def pread(self, path_or_file, length: int, offset: int) -> bytes:
+        f = path_or_file
+        attrs = f.attrs if isinstance(f, File) else self.stat(f)
+        if attrs["type"] != "f":
+            raise IsADirectoryError(errno.EISDIR, f"not a regular file: {f}")
+        size = f.size if isinstance(f, File) else attrs["size"]
+        length = max(0, min(length, size - offset))
+        return self.read_at(attrs, offset, length)
+
+    def read_batch(self, requests) -> list[bytes]:
+        """requests: [(path or File, offset, length)] -> list of bytes, read in parallel."""
+        return self._map(lambda f, off, n: self.pread(f, n, off), list(requests))
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self.rpc.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class File(io.RawIOBase):
+    """A threefs file: io.RawIOBase with read/readinto/write/seek/tell/truncate/flush/close."""
+
+    def __init__(self, client: Client, path: str, attrs: dict, session, flags, append: bool):
+        super().__init__()
+        self.client, self.path, self.attrs = client, path, attrs
+        self.session, self.flags, self.append = session, set(flags), append
+        self.size = attrs["size"]
+        self.pos = self.size if append else 0
+        self._lock = threading.Lock()
+        self._closing = False
+
+    @property
+    def name(self):
+        return self.path
+
+    def readable(self):
+        return "read" in self.flags
+
+    def writable(self):
+        return "write" in self.flags
+
+    def seekable(self):
+        return True
+
+    def _check(self, want: str):
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        if want not in self.flags:
+            raise io.UnsupportedOperation(f"file not open for {want}ing")
+
+    def readinto(self, b) -> int:
+        self._check("read")
+        mv = memoryview(b).cast("B")
+        n = max(0, min(mv.nbytes, self.size - self.pos))
+        if n:
+            mv[:n] = self.client.read_at(self.attrs, self.pos, n)
+        self.pos += n
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        self._check("read")
+        if size is None or size < 0:
+            size = max(0, self.size - self.pos)
+        buf = bytearray(size)
+        n = self.readinto(buf)
+        return bytes(buf[:n])
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def write(self, b) -> int:
+        self._check("write")
+        if self.append:
+            self.pos = self.size
+        n = self.pwrite(b, self.pos)
+        self.pos += n
+        return n
+
+    def pwrite(self, data, offset: int) -> int:
+        self._check("write")
+        n = self.client.write_at(self.attrs, offset, data)
+        self.size = max(self.size, offset + n)
+        return n
+
+    def pread(self, length: int, offset: int) -> bytes:
+        self._check("read")
+        length = max(0, min(length, self.size - offset))
+        return self.client.read_at(self.attrs, offset, length)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed file")
+        base = {0: 0, 1: self.pos, 2: self.size}.get(whence)
+        if base is None:
+            raise ValueError(f"whence must be 0, 1 or 2, got {whence}")
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.pos = base + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def truncate(self, size: int | None = None) -> int:
+        self._check("write")
+        size = self.pos if size is None else size
+        self.flush()
+        self.attrs = self.client.truncate(self.path, size)
+        self.size = size
+        return size
+
+    def flush(self):
+        if self.closed or self._closing or "write" not in self.flags:
+            return
+        r = self.client._meta("fsync", inode=self.attrs["id"], session=self.session,
+                              length_hint=self.size)
+        self.size = max(self.size, r["attrs"]["size"])
+
+    fsync = flush
+
+    def close(self):
+        if self.closed:
+            return
+        self._closing = True
+        try:
+            if "write" in self.flags:
+                r = self.client._meta("close", inode=self.attrs["id"], session=self.session,
+                                      length_hint=self.size)
+                self.size = r["attrs"]["size"]
+        finally:
+            super().close()

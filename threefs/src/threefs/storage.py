@@ -1,0 +1,470 @@
+"""Storage service: chunk engines of local targets + CRAQ replication.
+
+Writes enter at the chain head, which makes a pending version, forwards it to its successor and
+commits after the successor's ack; the tail commits at once, so acks travel back up the chain.
+Every request carries the chain version and is refused (CHAIN_VERSION) when it differs. Reads are
+answered by any serving replica; one holding a pending version answers NOT_COMMITTED (the client
+then reads the tail). A syncing successor receives full-chunk replaces, while its predecessor
+copies the chunks whose metadata differ, then reports sync done.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from . import rpc
+from .chunk import ChecksumError, ChunkEngine, VersionError, crc32c, inode_prefix, split_chunk_id
+from .common import MgmtdClient, setup_logging
+from .routing import Routing
+
+
+class LockTable:
+    """One lock per key, created on demand and dropped when unused."""
+
+    def __init__(self):
+        self._mu = threading.Lock()
+        self._locks: dict = {}
+
+    def __call__(self, key):
+        return _Held(self, key)
+
+    def acquire(self, key):
+        with self._mu:
+            ent = self._locks.get(key)
+            if ent is None:
+                ent = self._locks[key] = [threading.Lock(), 0]
+            ent[1] += 1
+        ent[0].acquire()
+
+    def release(self, key):
+        with self._mu:
+            ent = self._locks[key]
+            ent[0].release()
+            ent[1] -= 1
+            if ent[1] == 0:
+                del self._locks[key]
+
+
+class _Held:
+    def __init__(self, table, key):
+        self.table, self.key = table, key
+
+    def __enter__(self):
+        self.table.acquire(self.key)
+
+    def __exit__(self, *exc):
+        self.table.release(self.key)
+
+
+def _meta_tuple(cid: bytes, m: dict) -> list:
+    return [cid.hex(), m["committed_ver"], m["pending_ver"], m["size"], m["crc"]]
+
+
+class StorageNode:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.id = str(cfg["node_id"])
+        self.log = setup_logging(f"storage-{self.id}")
+        self.hb_s = float(cfg.get("heartbeat_s", 0.3))
+        self.verify_reads = bool(cfg.get("verify_reads", True))
+        self.engines: dict[int, ChunkEngine] = {}
+        for t in cfg["targets"]:
+            self.engines[int(t["id"])] = ChunkEngine(
+                t["path"], cfg.get("fsync", "none"), int(t.get("capacity", 1 << 40)),
+                int(cfg.get("max_chunk_size", 4 << 20)))
+        self.local = {tid: "online" for tid in self.engines}
+        self.synced_at: dict[int, int] = {}
+        self.routing = Routing()
+        self.rpc = rpc.Client(cfg["secret"])
+        self.mgmtd = MgmtdClient(cfg["mgmtd"], self.rpc)
+        self.locks = LockTable()
+        self.server = rpc.Server(cfg["listen"], cfg["secret"], self.handle, name="storage")
+        self.addr = self.server.addr
+        self._stop = threading.Event()
+        self._hb_now = threading.Event()
+        self._rlock = threading.Lock()
+        self._syncs: set = set()
+        self.stats = {"repairs": 0, "syncs": 0, "synced_chunks": 0}
+
+    # --- routing ------------------------------------------------------------------------------
+    def _apply_routing(self, raw: dict):
+        with self._rlock:
+            if raw["version"] < self.routing.version:
+                return
+            self.routing = r = Routing(raw)
+            for c in r.chains.values():
+                for t in c["targets"]:
+                    tid = t["id"]
+                    if tid not in self.engines:
+                        continue
+                    if t["state"] == "serving":
+                        self.local[tid] = "uptodate"
+                    elif t["state"] == "syncing" and self.synced_at.get(tid) == c["ver"]:
+                        self.local[tid] = "uptodate"
+                    else:
+                        self.local[tid] = "online"
+
+    def _heartbeat(self):
+        space = {str(t): [e.used_bytes(), e.capacity_bytes()] for t, e in self.engines.items()}
+        res = self.mgmtd.call("heartbeat", {
+            "node_id": self.id, "addr": self.addr, "type": "storage",
+            "targets": {str(t): s for t, s in self.local.items()}, "space": space,
+            "routing_ver": self.routing.version}, deadline_s=2.0)
+        if "routing" in res:
+            self._apply_routing(res["routing"])
+
+    def refresh_routing(self):
+        self._apply_routing(self.mgmtd.call("get_routing", deadline_s=3.0)["routing"])
+
+    def _my(self, args) -> tuple[int, dict]:
+        """(my target id, chain) for a request, after the chain-version check."""
+        cid, cv = int(args["chain"]), int(args["chain_ver"])
+        chain = self.routing.chain(cid)
+        if chain is None or cv > chain["ver"]:
+            try:
+                self.refresh_routing()
+            except ConnectionError:
+                pass
+            chain = self.routing.chain(cid)
+        if chain is None:
+            raise rpc.RpcError("EINVAL", f"unknown chain {cid}")
+        if cv != chain["ver"]:
+            raise rpc.RpcError("CHAIN_VERSION", f"chain {cid} is at v{chain['ver']}, request v{cv}",
+                               ver=chain["ver"])
+        for t in chain["targets"]:
+            if t["id"] in self.engines:
+                return t["id"], chain
+        raise rpc.RpcError("EINVAL", f"no target of chain {cid} on node {self.id}")
+
+    def _successor(self, chain, tid):
+        wl = Routing.write_list(chain)
+        ids = [t["id"] for t in wl]
+        if tid not in ids:
+            raise rpc.RpcError("NOT_SERVING", f"target {tid} does not take writes on chain "
+                               f"{chain['id']} v{chain['ver']}")
+        i = ids.index(tid)
+        return wl[i + 1] if i + 1 < len(wl) else None, i
+
+    # --- CRAQ write path ----------------------------------------------------------------------
+    def _forward(self, chain, tid, cid, ver, off, trunc, data, crc):
+        succ, _ = self._successor(chain, tid)
+        if succ is None:
+            return
+        eng = self.engines[tid]
+        args = {"chain": chain["id"], "chain_ver": chain["ver"], "chunk": cid.hex(), "ver": ver,
+                "offset": off, "truncate_to": trunc, "crc": crc, "full": False}
+        addr = self.routing.addr_of(succ["id"])
+        if addr is None:
+            raise ConnectionError(f"no address for target {succ['id']}")
+        if succ["state"] != "syncing":
+            try:
+                self.rpc.call(addr, "fwd", args, data)
+                return
+            except rpc.RpcError as e:
+                if e.code != "NEED_FULL":
+                    raise
+        full = eng.read(cid, pending=eng.meta(cid)["pending_ver"] == ver)
+        args.update(offset=0, truncate_to=-1, full=True)
+        self.rpc.call(addr, "fwd", args, full)
+
+    def _apply(self, tid, chain, cid, ver, off, trunc, data, crc, full):
+        eng = self.engines[tid]
+        m = eng.meta(cid) or {"committed_ver": 0, "pending_ver": 0, "crc": 0, "pending_crc": 0}
+        latest = m["pending_ver"] or m["committed_ver"]
+        latest_crc = m["pending_crc"] if m["pending_ver"] else m["crc"]
+        if latest == ver and latest_crc == crc:
+            return  # already applied (a retried forward)
+        if full:
+            eng.update(cid, ver, chain["ver"], 0, data if data is not None else b"",
+                       full_replace=True)
+            return
+        if latest != ver - 1:
+            raise rpc.RpcError("NEED_FULL", f"have v{latest}, got v{ver}")
+        nm = eng.update(cid, ver, chain["ver"], off, data if data is not None else b"", trunc)
+        if nm["pending_crc"] != crc:
+            raise rpc.RpcError("NEED_FULL", "content differs from the predecessor's")
+
+    def _write(self, args, data):
+        tid, chain = self._my(args)
+        wl = Routing.write_list(chain)
+        if not wl or wl[0]["id"] != tid:
+            raise rpc.RpcError("NOT_HEAD", f"target {tid} is not the head of chain {chain['id']}")
+        cid = bytes.fromhex(args["chunk"])
+        off, trunc = int(args.get("offset", 0)), int(args.get("truncate_to", -1))
+        eng = self.engines[tid]
+        with self.locks((tid, cid)):
+            m = eng.meta(cid)
+            latest = (m["pending_ver"] or m["committed_ver"]) if m else 0
+            ver = latest + 1
+            nm = eng.update(cid, ver, chain["ver"], off, data if data is not None else b"", trunc)
+            try:
+                self._forward(chain, tid, cid, ver, off, trunc, data, nm["pending_crc"])
+            except rpc.RpcError as e:
+                if e.code in ("ENOSPC", "EINVAL", "EFBIG"):
+                    eng.abort(cid, ver)  # refused downstream for good: nothing was applied
+                raise
+            except ConnectionError as e:
+                raise rpc.RpcError("RETRY", f"successor unreachable: {e}")
+            eng.commit(cid, ver)
+        return {"ver": ver}, None
+
+    def _fwd(self, args, data):
+        tid, chain = self._my(args)
+        self._successor(chain, tid)
+        cid = bytes.fromhex(args["chunk"])
+        ver, crc = int(args["ver"]), int(args["crc"])
+        with self.locks((tid, cid)):
+            self._apply(tid, chain, cid, ver, int(args["offset"]), int(args["truncate_to"]),
+                        data, crc, bool(args["full"]))
+            try:
+                self._forward(chain, tid, cid, ver, int(args["offset"]),
+                              int(args["truncate_to"]), data, crc)
+            except ConnectionError as e:
+                raise rpc.RpcError("RETRY", f"successor unreachable: {e}")
+            m = self.engines[tid].meta(cid)
+            if m and m["pending_ver"] == ver:
+                self.engines[tid].commit(cid, ver)
+        return {"ver": ver}, None
+
+    # --- reads --------------------------------------------------------------------------------
+    def _read_one(self, tid, chain, cid, off, length):
+        eng = self.engines[tid]
+        m = eng.meta(cid)
+        if m and m["pending_ver"]:
+            succ, _ = self._successor(chain, tid)
+            if succ is not None:
+                raise rpc.RpcError("NOT_COMMITTED", f"chunk {cid.hex()} has pending "
+                                   f"v{m['pending_ver']}")
+            with self.locks((tid, cid)):  # the tail: nothing downstream, its pending is final
+                m = eng.meta(cid)
+                if m and m["pending_ver"]:
+                    eng.commit(cid, m["pending_ver"])
+                    m = eng.meta(cid)
+        try:
+            d = eng.read(cid, off, length, self.verify_reads)
+        except ChecksumError as e:
+            self.log.warning("target %d chunk %s: %s; repairing", tid, cid.hex(), e)
+            full = self._repair(tid, chain, cid)
+            d = full[off:off + length]
+        return (m["committed_ver"] if m else 0), d
+
+    def _repair(self, tid, chain, cid) -> bytes:
+        for t in Routing.serving(chain):
+            if t["id"] == tid:
+                continue
+            addr = self.routing.addr_of(t["id"])
+            try:
+                res, d = self.rpc.call(addr, "get_chunk", {"chain": chain["id"],
+                                                           "chain_ver": chain["ver"],
+                                                           "chunk": cid.hex()})
+            except (rpc.RpcError, ConnectionError):
+                continue
+            d = bytes(d or b"")
+            if crc32c(d) != res["crc"]:
+                continue
+            with self.locks((tid, cid)):
+                m = self.engines[tid].meta(cid)
+                if m and m["committed_ver"] == res["ver"] and not m["pending_ver"]:
+                    self.engines[tid].replace_committed(cid, res["ver"], chain["ver"], d)
+                    self.stats["repairs"] += 1
+            return d
+        raise rpc.RpcError("CHECKSUM", f"chunk {cid.hex()} is corrupt and no replica could "
+                           "repair it")
+
+    def _read(self, args, data):
+        tid, chain = self._my(args)
+        if not any(t["id"] == tid and t["state"] == "serving" for t in chain["targets"]):
+            raise rpc.RpcError("NOT_SERVING", f"target {tid} is not serving")
+        ver, d = self._read_one(tid, chain, bytes.fromhex(args["chunk"]), int(args["offset"]),
+                                int(args["length"]))
+        return {"ver": ver, "found": d is not None}, d
+
+    def _batch_read(self, args, data):
+        out, parts = [], []
+        for r in args["reqs"]:
+            try:
+                res, d = self._read(r, None)
+                out.append({"n": len(d) if d is not None else 0, "found": res["found"]})
+                if d:
+                    parts.append(d)
+            except rpc.RpcError as e:
+                out.append({"err": e.code, "msg": e.msg})
+        return {"res": out}, parts or None
+
+    # --- sync and repair support ----------------------------------------------------------------
+    def _get_chunk(self, args, data):
+        tid, chain = self._my(args)
+        cid = bytes.fromhex(args["chunk"])
+        m = self.engines[tid].meta(cid)
+        if not m or not m["committed_ver"]:
+            raise rpc.RpcError("NOT_FOUND", "no committed chunk")
+        d = self.engines[tid].read(cid)  # verified
+        return {"ver": m["committed_ver"], "crc": crc32c(d)}, d
+
+    def _meta_list(self, args, data):
+        tid = self._target_of_chain(int(args["chain"]))
+        prefix = bytes.fromhex(args.get("prefix", ""))
+        return {"chunks": [_meta_tuple(c, m) for c, m in self.engines[tid].list(prefix)]}, None
+
+    def _target_of_chain(self, cid):
+        chain = self.routing.chain(cid)
+        for t in (chain or {"targets": []})["targets"]:
+            if t["id"] in self.engines:
+                return t["id"]
+        raise rpc.RpcError("EINVAL", f"no target of chain {cid} here")
+
+    def _sync_put(self, args, data):
+        tid, chain = self._my(args)
+        if not any(t["id"] == tid and t["state"] == "syncing" for t in chain["targets"]):
+            raise rpc.RpcError("NOT_SYNCING", f"target {tid} is not syncing")
+        cid = bytes.fromhex(args["chunk"])
+        d = bytes(data or b"")
+        if crc32c(d) != int(args["crc"]):
+            raise rpc.RpcError("CHECKSUM", "sync payload checksum mismatch")
+        with self.locks((tid, cid)):
+            self.engines[tid].replace_committed(cid, int(args["ver"]), chain["ver"], d)
+        return {}, None
+
+    def _sync_remove(self, args, data):
+        tid, chain = self._my(args)
+        cid = bytes.fromhex(args["chunk"])
+        with self.locks((tid, cid)):
+            self.engines[tid].remove(cid)
+        return {}, None
+
+    def _sync_done(self, args, data):
+        tid, chain = self._my(args)
+        self.synced_at[tid] = chain["ver"]
+        self.local[tid] = "uptodate"
+        self._hb_now.set()
+        self.log.info("target %d synced on chain %d v%d", tid, chain["id"], chain["ver"])
+        return {}, None
+
+    def _sync_chain(self, chain, tid, dst):
+        key = (chain["id"], chain["ver"], dst["id"])
+        try:
+            addr = self.routing.addr_of(dst["id"])
+            base = {"chain": chain["id"], "chain_ver": chain["ver"]}
+            res, _ = self.rpc.call(addr, "meta_list", base)
+            theirs = {bytes.fromhex(c[0]): c for c in res["chunks"]}
+            eng = self.engines[tid]
+            mine = {c: m for c, m in eng.list()}
+            n = 0
+            for cid in sorted(set(mine) | set(theirs)):
+                if self._stop.is_set():
+                    return
+                with self.locks((tid, cid)):
+                    m = eng.meta(cid)
+                    t = theirs.get(cid)
+                    if m is None or not m["committed_ver"]:
+                        if t is not None and m is None:
+                            self.rpc.call(addr, "sync_remove", {**base, "chunk": cid.hex()})
+                        continue
+                    if t and t[1] == m["committed_ver"] and t[4] == m["crc"] and not t[2]:
+                        continue
+                    d = eng.read(cid)
+                    self.rpc.call(addr, "sync_put", {**base, "chunk": cid.hex(),
+                                                     "ver": m["committed_ver"], "crc": crc32c(d)}, d)
+                    n += 1
+            self.rpc.call(addr, "sync_done", base)
+            self.stats["syncs"] += 1
+            self.stats["synced_chunks"] += n
+            self.log.info("synced chain %d to target %d: %d chunks copied", chain["id"],
+                          dst["id"], n)
+        except Exception as e:  # noqa: BLE001 - retried on the next round
+            self.log.warning("sync of chain %d to %d failed: %s", chain["id"], dst["id"], e)
+            time.sleep(0.2)
+            self._syncs.discard(key)  # done keys stay: one sync per (chain, version, target)
+
+    def _sync_round(self):
+        for chain in list(self.routing.chains.values()):
+            wl = Routing.write_list(chain)
+            for i, t in enumerate(wl):
+                if t["state"] == "syncing" and i > 0 and wl[i - 1]["id"] in self.engines \
+                        and wl[i - 1]["state"] == "serving":
+                    key = (chain["id"], chain["ver"], t["id"])
+                    if key not in self._syncs:
+                        self._syncs.add(key)
+                        threading.Thread(target=self._sync_chain, args=(chain, wl[i - 1]["id"], t),
+                                         daemon=True).start()
+
+    # --- inode-wide operations ------------------------------------------------------------------
+    def _last_chunk(self, args, data):
+        tid = self._target_of_chain(int(args["chain"]))
+        best = None
+        for cid, m in self.engines[tid].list(inode_prefix(int(args["inode"]))):
+            if m["committed_ver"]:
+                best = (split_chunk_id(cid)[1], m["size"])
+        return {"last": best}, None
+
+    def _remove_inode(self, args, data):
+        tid, chain = self._my(args)
+        if not args.get("fwd"):
+            wl = Routing.write_list(chain)
+            if not wl or wl[0]["id"] != tid:
+                raise rpc.RpcError("NOT_HEAD", "not the head")
+        eng = self.engines[tid]
+        n = 0
+        for cid, _ in eng.list(inode_prefix(int(args["inode"]))):
+            with self.locks((tid, cid)):
+                n += eng.remove(cid)
+        succ, _ = self._successor(chain, tid)
+        if succ is not None:
+            try:
+                self.rpc.call(self.routing.addr_of(succ["id"]), "remove_inode",
+                              {**args, "fwd": True})
+            except ConnectionError as e:
+                raise rpc.RpcError("RETRY", str(e))
+        return {"removed": n}, None
+
+    def _space(self, args, data):
+        return {"targets": {str(t): [e.used_bytes(), e.capacity_bytes(), e.chunk_count()]
+                            for t, e in self.engines.items()},
+                "local": {str(t): s for t, s in self.local.items()}, "stats": self.stats}, None
+
+    HANDLERS = {"write": _write, "fwd": _fwd, "read": _read, "batch_read": _batch_read,
+                "get_chunk": _get_chunk, "meta_list": _meta_list, "sync_put": _sync_put,
+                "sync_remove": _sync_remove, "sync_done": _sync_done, "last_chunk": _last_chunk,
+                "remove_inode": _remove_inode, "space": _space}
+
+    def handle(self, method, args, data):
+        h = self.HANDLERS.get(method)
+        if h is None:
+            raise rpc.RpcError("EINVAL", f"unknown storage method {method!r}")
+        try:
+            return h(self, args, data)
+        except VersionError as e:
+            raise rpc.RpcError("NEED_FULL", str(e))
+        except ChecksumError as e:
+            raise rpc.RpcError("CHECKSUM", str(e))
+        except (KeyError, TypeError) as e:
+            raise rpc.RpcError("EINVAL", f"bad request arguments: {e!r}")
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def _loop(self):
+        next_hb = 0.0
+        while not self._stop.is_set():
+            now = time.time()
+            if now >= next_hb or self._hb_now.is_set():
+                self._hb_now.clear()
+                try:
+                    self._heartbeat()
+                except Exception as e:  # noqa: BLE001 - mgmtd may be failing over
+                    self.log.warning("heartbeat failed: %s", e)
+                next_hb = now + self.hb_s
+            try:
+                self._sync_round()
+            except Exception as e:  # noqa: BLE001
+                self.log.warning("sync round failed: %s", e)
+            self._hb_now.wait(0.05)
+
+    def start(self):
+        self.server.start()
+        threading.Thread(target=self._loop, daemon=True, name="storage-loop").start()
+        self.log.info("listening on %s with targets %s", self.addr, sorted(self.engines))
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self.server.stop()

@@ -1,0 +1,136 @@
+"""Client side of the storage service: routing-aware chunk reads and writes with retries."""
+from __future__ import annotations
+
+import errno
+import random
+import threading
+import time
+
+from . import rpc
+from .routing import Routing
+
+RETRY_CODES = {"CHAIN_VERSION", "NOT_HEAD", "NOT_SERVING", "RETRY", "NOT_COMMITTED", "NEED_FULL",
+               "NOT_SYNCING", "UNAVAILABLE", "INTERNAL"}
+
+
+def raise_os(e: rpc.RpcError):
+    code = getattr(errno, e.code, None)
+    if isinstance(code, int):
+        raise OSError(code, e.msg or e.code) from None
+    raise e
+
+
+class StorageClient:
+    def __init__(self, rpc_client: rpc.Client, mgmtd, deadline_s: float = 60.0):
+        self.rpc, self.mgmtd, self.deadline_s = rpc_client, mgmtd, deadline_s
+        self.routing = Routing()
+        self._rlock = threading.Lock()
+        self._last_refresh = 0.0
+        self.stats = {"retries": 0, "refreshes": 0}
+        self.refresh(force=True)
+
+    def refresh(self, force: bool = False):
+        with self._rlock:
+            if not force and time.time() - self._last_refresh < 0.05:
+                return
+            raw = self.mgmtd.call("get_routing", deadline_s=self.deadline_s)["routing"]
+            self._last_refresh = time.time()
+            self.stats["refreshes"] += 1
+            if raw["version"] >= self.routing.version:
+                self.routing = Routing(raw)
+
+    def _retry(self, what: str, fn):
+        end = time.time() + self.deadline_s
+        delay, last = 0.02, None
+        while True:
+            try:
+                return fn()
+            except rpc.RpcError as e:
+                if e.code not in RETRY_CODES:
+                    raise_os(e)
+                last = e
+            except ConnectionError as e:
+                if isinstance(e, rpc.AuthError):
+                    raise
+                last = e
+            self.stats["retries"] += 1
+            if time.time() > end:
+                raise TimeoutError(f"{what}: gave up after {self.deadline_s}s: {last}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            try:
+                self.refresh()
+            except ConnectionError:
+                pass
+
+    def _chain(self, chain_id: int) -> dict:
+        c = self.routing.chain(chain_id)
+        if c is None:
+            raise rpc.RpcError("UNAVAILABLE", f"chain {chain_id} unknown")
+        return c
+
+    def write_chunk(self, chain_id: int, cid: bytes, offset: int, data, truncate_to: int = -1):
+        def op():
+            c = self._chain(chain_id)
+            wl = Routing.write_list(c)
+            if not wl:
+                raise rpc.RpcError("UNAVAILABLE", f"chain {chain_id} has no serving target")
+            addr = self.routing.addr_of(wl[0]["id"])
+            if addr is None:
+                raise rpc.RpcError("UNAVAILABLE", "head address unknown")
+            return self.rpc.call(addr, "write", {"chain": chain_id, "chain_ver": c["ver"],
+                                                 "chunk": cid.hex(), "offset": offset,
+                                                 "truncate_to": truncate_to}, data)[0]
+        return self._retry(f"write chunk {cid.hex()}", op)
+
+    def read_chunk(self, chain_id: int, cid: bytes, offset: int, length: int):
+        """Committed bytes of a chunk (b'' when it does not exist)."""
+        def op():
+            c = self._chain(chain_id)
+            serving = Routing.serving(c)
+            if not serving:
+                raise rpc.RpcError("UNAVAILABLE", f"chain {chain_id} has no serving target")
+            order = serving[:]
+            random.shuffle(order)
+            tail = serving[-1]
+            order = [t for t in order if t is not tail] + [tail]  # the tail last: it never refuses
+            last = None
+            for t in order:
+                addr = self.routing.addr_of(t["id"])
+                if addr is None:
+                    continue
+                try:
+                    res, d = self.rpc.call(addr, "read", {"chain": chain_id, "chain_ver": c["ver"],
+                                                          "chunk": cid.hex(), "offset": offset,
+                                                          "length": length})
+                    return bytes(d) if d is not None else b""
+                except rpc.RpcError as e:
+                    if e.code not in RETRY_CODES | {"CHECKSUM"}:
+                        raise
+                    last = e
+                    if e.code == "CHAIN_VERSION":
+                        raise
+                except ConnectionError as e:
+                    last = e
+            raise last if last else rpc.RpcError("UNAVAILABLE", "no replica answered")
+        return self._retry(f"read chunk {cid.hex()}", op)
+
+    def last_chunk(self, chain_id: int, inode: int):
+        def op():
+            c = self._chain(chain_id)
+            t = Routing.serving(c)
+            if not t:
+                raise rpc.RpcError("UNAVAILABLE", "no serving target")
+            return self.rpc.call(self.routing.addr_of(t[-1]["id"]), "last_chunk",
+                                 {"chain": chain_id, "inode": inode})[0]["last"]
+        return self._retry("last_chunk", op)
+
+    def remove_inode(self, chain_id: int, inode: int):
+        def op():
+            c = self._chain(chain_id)
+            wl = Routing.write_list(c)
+            if not wl:
+                raise rpc.RpcError("UNAVAILABLE", "no serving target")
+            return self.rpc.call(self.routing.addr_of(wl[0]["id"]), "remove_inode",
+                                 {"chain": chain_id, "chain_ver": c["ver"], "inode": inode})[0]
+        return self._retry("remove_inode", op)
