@@ -171,6 +171,9 @@ class DataFrame:
 
 
 def _callable(fn, what: str):
+    """Check that ``fn`` is callable and can be shipped to worker processes."""
+    from .logical.node import _pickle_func
     if not callable(fn):
         raise TypeError(f"{what}: expected a SQL string or a callable, got {type(fn).__name__}")
+    _pickle_func(fn, what)
     return fn

@@ -21,7 +21,7 @@ from .execution.executor import LocalExecutor, RayExecutor
 from .execution.report import write_report
 from .logical.dataset import (ArrowTableDataSet, CsvDataSet, JsonDataSet, PandasDataSet, ParquetDataSet)
 from .logical.node import Context, DataSourceNode, LogicalPlan, Node, SqlEngineNode
-from .storage import Storage, make_client
+from .storage import Storage
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.I)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -133,9 +133,8 @@ class Session:
         )
         self.job_dir = os.path.join(self.config.data_root, self.config.job_id)
         os.makedirs(self.job_dir, exist_ok=True)
-        client = threefs_client if threefs_client is not None else (
-            None if self.config.threefs_mount else make_client(threefs_options))
-        self.storage = Storage(os.path.join(self.job_dir, "cache"), self.config.threefs_mount, client)
+        self.storage = Storage(os.path.join(self.job_dir, "cache"), self.config.threefs_mount, threefs_client,
+                               threefs_options)
         self._ctx = Context()
         if self.config.ray_address:
             self.executor = RayExecutor(self.config.ray_address, self.config.max_retries)

@@ -27,22 +27,34 @@ def threefs_relpath(path: str) -> str:
 
 
 def make_client(options: Optional[dict]):
-    """Create a threefs client if the package is installed; None otherwise."""
+    """Create a ``threefs.Client(**options)`` if the package is installed; None otherwise.
+
+    Without ``options``, SP_THREEFS_MGMTD and SP_THREEFS_SECRET give (mgmtd, secret).
+    """
+    if options is None:
+        mgmtd, secret = os.environ.get("SP_THREEFS_MGMTD"), os.environ.get("SP_THREEFS_SECRET")
+        if not mgmtd:
+            return None
+        options = {"mgmtd": mgmtd, "secret": secret}
     try:
         import threefs  # optional: developed separately
     except ImportError:
         return None
     cls = getattr(threefs, "Client", None)
-    return cls(**(options or {})) if cls is not None else None
+    return cls(**options) if cls is not None else None
 
 
 class Storage:
-    def __init__(self, cache_dir: str, mount: Optional[str] = None, client=None) -> None:
+    def __init__(self, cache_dir: str, mount: Optional[str] = None, client=None,
+                 client_options: Optional[dict] = None) -> None:
         self.cache_dir = cache_dir
         self.mount = mount
         self.client = client
+        self.client_options = client_options
 
     def _need_client(self, path: str):
+        if self.client is None and not self.mount:
+            self.client = make_client(self.client_options)  # created on first use only
         if self.client is None:
             raise ValueError(f"path {path!r}: threefs:// needs the threefs client (pip install threefs, and pass "
                              "threefs_options=... or threefs_client=...) or a mount point (threefs_mount=... or "
@@ -102,7 +114,7 @@ class Storage:
         client = self._need_client(path)
         dest = threefs_relpath(path)
         tmp = dest.rstrip("/") + ".__tmp"
-        client.mkdir(tmp)
+        (client.makedirs(tmp) if hasattr(client, "makedirs") else client.mkdir(tmp))
         for n in names:
             with open(os.path.join(local_dir, n), "rb") as src, client.open(posixpath.join(tmp, n), "wb") as dst:
                 shutil.copyfileobj(src, dst, CHUNK)

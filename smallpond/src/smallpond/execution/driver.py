@@ -21,7 +21,7 @@ from .task import load_manifest
 class Driver:
     def __init__(self, session) -> None:
         self.session = session
-        self.outputs: Dict[int, List[DataSet]] = {}
+        self.outputs: Dict[Node, List[DataSet]] = {}  # keyed by node identity
         self.stages: List[StageStats] = []
         self.tasks_run = 0      # tasks executed (not found finished) since the session started
         self.tasks_cached = 0
@@ -35,17 +35,17 @@ class Driver:
     def execute(self, root: Node) -> List[DataSet]:
         plan = LogicalPlan(root.ctx, root)
         nodes = plan.nodes()
-        todo = [n for n in nodes if n.id not in self.outputs or n.force_recompute]
+        todo = [n for n in nodes if n not in self.outputs or n.force_recompute]
         # a recomputed node invalidates what was built on it in this session
-        stale = {n.id for n in todo}
+        stale = set(todo)
         for n in nodes:
-            if any(d.id in stale for d in n.input_deps):
-                stale.add(n.id)
-                self.outputs.pop(n.id, None)
-        todo = [n for n in nodes if n.id not in self.outputs or n.force_recompute]
+            if any(d in stale for d in n.input_deps):
+                stale.add(n)
+                self.outputs.pop(n, None)
+        todo = [n for n in nodes if n not in self.outputs or n.force_recompute]
         env = self.env()
         for k, node in enumerate(todo, 1):
-            inputs = [self.outputs[d.id] for d in node.input_deps]
+            inputs = [self.outputs[d] for d in node.input_deps]
             t0 = time.time()
             stage = node.plan(inputs, env)
             if node.force_recompute:
@@ -67,11 +67,11 @@ class Driver:
                 bar.close()
                 self.tasks_run += len(missing)
                 self.tasks_cached += len(stage.tasks) - len(missing)
-            self.outputs[node.id] = stage.finalize(results)
+            self.outputs[node] = stage.finalize(results)
             stats.results, stats.end = results, time.time()
             self.stages.append(stats)
         self.session._write_report()
-        return self.outputs[root.id]
+        return self.outputs[root]
 
     # -- services for nodes --------------------------------------------------------------------
     def materialize(self, ds: ArrowTableDataSet) -> ParquetDataSet:

@@ -196,7 +196,10 @@ class ParquetDataSet(DataSet):
                 s, e = self.row_ranges[i]
                 t = t.slice(s, e - s)
             tables.append(t)
-        return pa.concat_tables(tables, promote_options="default" if self.union_by_name else "none")
+        try:
+            return pa.concat_tables(tables, promote_options="default" if self.union_by_name else "none")
+        except pa.ArrowInvalid:  # e.g. nullability differs between writers
+            return pa.concat_tables(tables, promote_options="permissive")
 
 
 class CsvDataSet(DataSet):
