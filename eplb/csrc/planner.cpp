@@ -71,7 +71,7 @@ void do_swap(Packing& P, std::vector<std::vector<int>>& m, const std::vector<dou
 }
 
 // Heaviest item first into the lightest pack with room (ties: lower pack). With spreading, packs
-// that already hold the item's expert (then: whose node does) come last.
+// holding fewer copies of the item's expert (then: whose node holds fewer) come first.
 Packing greedy_pack(const std::vector<double>& w, int packs, const Spread* sp) {
   int n = int(w.size()), per = n / packs;
   Packing P{std::vector<int>(n), std::vector<int>(n), std::vector<double>(packs, 0.0)};
@@ -101,10 +101,10 @@ Packing greedy_pack(const std::vector<double>& w, int packs, const Spread* sp) {
     for (int p = 0; p < packs; ++p) {
       if (count[p] >= per) continue;
       if (best < 0) { best = p; continue; }
-      if (sp) {
-        int dp = lc.pack(p, item) > 0, db = lc.pack(best, item) > 0;
+      if (sp) {  // fewest copies on the GPU, then on its node
+        int dp = lc.pack(p, item), db = lc.pack(best, item);
         if (dp != db) { if (dp < db) best = p; continue; }
-        int np = lc.node(p, item) > 0, nb = lc.node(best, item) > 0;
+        int np = lc.node(p, item), nb = lc.node(best, item);
         if (np != nb) { if (np < nb) best = p; continue; }
       }
       if (P.load[p] < P.load[best]) best = p;
