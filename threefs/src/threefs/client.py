@@ -31,6 +31,13 @@ _MODES = {"r": ({"read"}, False), "rb": ({"read"}, False),
           "wb+": ({"read", "write", "create", "trunc"}, False)}
 
 
+def _check_path(name: str, p):
+    if not isinstance(p, str):
+        raise TypeError(f"{name} must be a str, got {type(p).__name__}")
+    if not p.startswith("/") or "\0" in p:
+        raise ValueError(f"{name} must be an absolute path without NUL bytes, got {p!r:.80}")
+
+
 class Client:
     """mgmtd: 'host:port' or a list of them; secret: the cluster secret; uid/gid: the identity
     the meta service checks permission bits against."""
@@ -53,6 +60,9 @@ class Client:
     # --- meta calls with fail-over -----------------------------------------------------------
     def _meta(self, method: str, **args):
         import time
+        for k in ("path", "src", "dst"):
+            if k in args:
+                _check_path(k, args[k])
         end = time.time() + self.deadline_s
         last = None
         while time.time() < end:

@@ -518,7 +518,7 @@ class MetaService:
         if new == 0:
             self._remove_chunks(ino)
             return
-        for idx in range(new // cs, (old + cs - 1) // cs + 1):
+        for idx in range(new // cs, (old - 1) // cs + 1):
             keep = max(0, min(cs, new - idx * cs))
             self.storage.write_chunk(chains[idx % len(chains)], chunk_id(ino["id"], idx), 0, b"",
                                      truncate_to=keep)

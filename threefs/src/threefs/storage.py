@@ -394,7 +394,7 @@ class StorageNode:
         tid = self._target_of_chain(int(args["chain"]))
         best = None
         for cid, m in self.engines[tid].list(inode_prefix(int(args["inode"]))):
-            if m["committed_ver"]:
+            if m["committed_ver"] and m["size"]:
                 best = (split_chunk_id(cid)[1], m["size"])
         return {"last": best}, None
 
