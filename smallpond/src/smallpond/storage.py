@@ -35,7 +35,7 @@ def make_client(options: Optional[dict]):
         mgmtd, secret = os.environ.get("SP_THREEFS_MGMTD"), os.environ.get("SP_THREEFS_SECRET")
         if not mgmtd:
             return None
-        options = {"mgmtd": mgmtd, "secret": secret}
+        options = {"mgmtd": [a for a in mgmtd.split(",") if a], "secret": secret}
     try:
         import threefs  # optional: developed separately
     except ImportError:

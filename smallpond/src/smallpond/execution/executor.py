@@ -179,7 +179,11 @@ class RayExecutor(Executor):
             raise ImportError("ray_address was given but ray is not installed: pip install 'ray>=2.9'") from None
         self.ray = ray
         if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+            kwargs = {}
+            host = address.rsplit(":", 1)[0]
+            if host in ("127.0.0.1", "localhost"):  # a local head: stay on loopback
+                kwargs["_node_ip_address"] = "127.0.0.1"
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False, **kwargs)
         self._remote = ray.remote(max_retries=0)(run_task)
 
     def run(self, tasks, on_done=None):
