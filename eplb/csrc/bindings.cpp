@@ -13,11 +13,11 @@ using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
 using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 static py::tuple rebalance(F64 weight, int64_t num_replicas, int64_t num_groups, int64_t num_nodes,
-                           int64_t num_gpus, bool refine, bool spread, double keep_tolerance,
+                           int64_t num_gpus, bool refine, bool spread, double migration_tolerance,
                            std::optional<I64> previous) {
   int64_t L = weight.shape(0), E = weight.shape(1), R = num_replicas;
   I64 phy2log({L, R}), rank({L, R}), logcnt({L, E});
-  eplb::Options opt{refine, spread, keep_tolerance};
+  eplb::Options opt{refine, spread, migration_tolerance};
   const int64_t* prev = previous ? previous->data() : nullptr;
   const double* w = weight.data();
   int64_t *p = phy2log.mutable_data(), *r = rank.mutable_data(), *c = logcnt.mutable_data();
@@ -52,7 +52,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "eplb C++ core (CPU)";
   m.def("rebalance", &rebalance, py::arg("weight"), py::arg("num_replicas"), py::arg("num_groups"),
         py::arg("num_nodes"), py::arg("num_gpus"), py::arg("refine") = false,
-        py::arg("spread") = false, py::arg("keep_tolerance") = 0.0,
+        py::arg("spread") = false, py::arg("migration_tolerance") = 0.0,
         py::arg("previous") = py::none());
   m.def("redistribute", &redistribute, py::arg("phy2log"), py::arg("tokens"), py::arg("num_gpus"));
   m.def("with_cuda", [] { return false; });

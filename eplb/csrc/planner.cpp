@@ -379,6 +379,87 @@ void relabel(LayerPlan& p, const int64_t* prev, int64_t E, int64_t R, int64_t no
   p.phy2log.swap(phy2log), p.rank.swap(rank);
 }
 
+// Slot-order replica ranks and counts for a phy2log.
+LayerPlan from_phy2log(std::vector<int64_t> phy2log, int64_t E) {
+  LayerPlan p{std::move(phy2log), {}, std::vector<int64_t>(E, 0)};
+  for (int64_t e : p.phy2log) p.rank.push_back(p.logcnt[e]++);
+  return p;
+}
+
+// Repairs the previous plan instead of starting over: per domain (a node under the hierarchical
+// policy, else the whole layer) replica counts are recomputed for the new loads, replicas that
+// survive keep their slots, new ones fill the freed slots lightest GPU first, then swaps balance.
+// Returns an empty plan when `prev` does not keep each expert within one node (hierarchical).
+std::vector<int64_t> sticky_plan(const double* w, const int64_t* prev, const Shape& s,
+                                 bool spread) {
+  int64_t domains = s.nodes, slots = s.R / domains, ppg = s.R / s.gpus;
+  int gpus = int(s.gpus / domains), packs_per_node = int(std::max<int64_t>(1, s.gpus / s.real_nodes));
+  std::vector<int64_t> home(s.E, -1), out(prev, prev + s.R);
+  for (int64_t i = 0; i < s.R; ++i) {
+    int64_t d = i / slots, e = prev[i];
+    if (home[e] >= 0 && home[e] != d) return {};
+    home[e] = d;
+  }
+  for (int64_t d = 0; d < domains; ++d) {
+    std::vector<int64_t> experts;  // local id -> expert
+    std::vector<int> local(s.E, -1);
+    for (int64_t e = 0; e < s.E; ++e)
+      if (home[e] == d) local[e] = int(experts.size()), experts.push_back(e);
+    int n = int(experts.size());
+    std::vector<double> nw(n);
+    for (int i = 0; i < n; ++i) nw[i] = w[experts[i]];
+    std::vector<int64_t> cnt = replicate_greedy(nw, slots).cnt, kept(n, 0);
+    // items: one per slot, the kept expert or (after) a new replica; pack = GPU, rank = position
+    Packing P{std::vector<int>(slots, -1), std::vector<int>(slots, -1), std::vector<double>(gpus, 0)};
+    std::vector<int> label(slots, -1), free_slots;
+    for (int64_t k = 0; k < slots; ++k) {
+      int m = local[prev[d * slots + k]];
+      if (kept[m] < cnt[m]) label[k] = m, ++kept[m];
+      else free_slots.push_back(int(k));
+    }
+    std::vector<int> extra;  // new replicas, heaviest first
+    for (int m = 0; m < n; ++m)
+      for (int64_t c = kept[m]; c < cnt[m]; ++c) extra.push_back(m);
+    std::stable_sort(extra.begin(), extra.end(), [&](int a, int b) {
+      return nw[a] / double(cnt[a]) > nw[b] / double(cnt[b]);
+    });
+    for (int64_t k = 0; k < slots; ++k)
+      if (label[k] >= 0) P.load[k / ppg] += nw[label[k]] / double(cnt[label[k]]);
+    for (int m : extra) {  // lightest GPU with a free slot (and, spreading, fewest copies of m)
+      int best = -1;
+      auto copies = [&](int f) {
+        int c = 0;
+        for (int64_t t = int64_t(f / ppg) * ppg; t < int64_t(f / ppg + 1) * ppg; ++t) c += label[t] == m;
+        return spread ? c : 0;
+      };
+      for (size_t j = 0; j < free_slots.size(); ++j) {
+        int f = free_slots[j];
+        if (best < 0 || copies(f) < copies(free_slots[best]) ||
+            (copies(f) == copies(free_slots[best]) && P.load[f / ppg] < P.load[free_slots[best] / ppg]))
+          best = int(j);
+      }
+      int f = free_slots[best];
+      label[f] = m, P.load[f / ppg] += nw[m] / double(cnt[m]);
+      free_slots.erase(free_slots.begin() + best);
+    }
+    std::vector<double> iw(slots);
+    for (int64_t k = 0; k < slots; ++k) {
+      P.pack[k] = int(k / ppg), P.rank[k] = int(k % ppg), iw[k] = nw[label[k]] / double(cnt[label[k]]);
+    }
+    Spread sp{label, n, packs_per_node};
+    refine_pack(P, iw, gpus, spread ? &sp : nullptr);
+    for (int64_t k = 0; k < slots; ++k)
+      out[d * slots + P.pack[k] * ppg + P.rank[k]] = experts[label[k]];
+  }
+  return out;
+}
+
+int64_t moves(const std::vector<int64_t>& a, const int64_t* b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
 }  // namespace
 
 void rebalance(const double* weight, int64_t L, int64_t E, int64_t R, int64_t groups,
@@ -397,17 +478,14 @@ void rebalance(const double* weight, int64_t L, int64_t E, int64_t R, int64_t gr
         if (m < best_max) best = std::move(c), best_max = m;
       }
     }
-    if (prev) {
+    if (prev) {  // fewest moves among: previous plan, repaired plan, fresh plan renumbered
       const int64_t* pv = prev + l * R;
-      std::vector<int64_t> old(pv, pv + R);
-      if (max_gpu_load(w, old, E, gpus) <=
-          (1.0 + opt.keep_tolerance) * max_gpu_load(w, best.phy2log, E, gpus)) {
-        best.phy2log = old;  // the previous plan is good enough: nothing moves
-        std::fill(best.logcnt.begin(), best.logcnt.end(), 0);
-        for (int64_t i = 0; i < R; ++i) best.rank[i] = best.logcnt[old[i]]++;
-      } else {
-        relabel(best, pv, E, R, nodes, gpus);
-      }
+      relabel(best, pv, E, R, nodes, gpus);
+      double limit = (1.0 + opt.migration_tolerance) * max_gpu_load(w, best.phy2log, E, gpus);
+      int64_t fewest = moves(best.phy2log, pv);
+      for (auto& c : {std::vector<int64_t>(pv, pv + R), sticky_plan(w, pv, s, opt.spread)})
+        if (!c.empty() && moves(c, pv) < fewest && max_gpu_load(w, c, E, gpus) <= limit)
+          best = from_phy2log(c, E), fewest = moves(c, pv);
     }
     std::copy(best.phy2log.begin(), best.phy2log.end(), phy2log + l * R);
     std::copy(best.rank.begin(), best.rank.end(), phy_rank + l * R);

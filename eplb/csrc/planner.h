@@ -9,7 +9,7 @@ namespace eplb {
 struct Options {
   bool refine = false;          // pair-swap local search after greedy packing (never worse)
   bool spread = false;          // replicas of one expert on distinct GPUs (and nodes) when possible
-  double keep_tolerance = 0.0;  // with a previous plan: keep it while max load <= (1 + tol) * new
+  double migration_tolerance = 0.0;  // with a previous plan: max-load slack for moving fewer experts
 };
 
 // weight [L, E] loads; prev [L, R] previous phy2log or nullptr.

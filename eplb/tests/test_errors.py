@@ -22,7 +22,7 @@ W = torch.rand(2, 16)
     ((W, 32, 4, 2, 8), {"previous": torch.zeros(2, 31, dtype=torch.long)}, ValueError, "previous"),
     ((W, 32, 4, 2, 8), {"previous": torch.zeros(2, 32, dtype=torch.long)}, ValueError, "previous"),
     ((W, 32, 4, 2, 8), {"previous": torch.zeros(2, 32)}, TypeError, "previous"),
-    ((W, 32, 4, 2, 8), {"keep_tolerance": -1}, ValueError, "keep_tolerance"),
+    ((W, 32, 4, 2, 8), {"migration_tolerance": -1}, ValueError, "migration_tolerance"),
 ])
 def test_rebalance_rejects(args, kwargs, exc, word):
     with pytest.raises(exc, match=word):

@@ -75,10 +75,10 @@ def test_migration_aware_moves_fewer_with_same_balance(groups):
     check_plan(aware.phy2log, aware.log2phy, aware.logcnt, 6, 256, 288)
 
 
-def test_keep_tolerance_keeps_previous_plan():
+def test_migration_tolerance_keeps_previous_plan():
     w = random_load(4, 3, 64)
     old = eplb.rebalance_experts(w, 96, 8, 2, 16, refine=True)[0]
     new = (w * 1.1).round()
-    assert torch.equal(eplb.rebalance_experts(new, 96, 8, 2, 16, previous=old, keep_tolerance=10.0)[0], old)
+    assert torch.equal(eplb.rebalance_experts(new, 96, 8, 2, 16, previous=old, migration_tolerance=10.0)[0], old)
     same = eplb.rebalance_experts(w, 96, 8, 2, 16, refine=True, previous=old)[0]
     assert torch.equal(same, old)  # the previous plan is as good as a fresh one: nothing moves

@@ -43,10 +43,10 @@ def demo(args) -> None:
             _row(policy, option, evaluate(w, p.phy2log, GPUS, NODES), ms=f"{1e3 * p.solve_time_s:.1f}")
     # migration: the load drifts; re-plan with and without the plan in use
     old = plans["hierarchical", "refine"].phy2log
-    w2 = (w.double() * torch.exp(0.2 * torch.randn(w.shape, generator=torch.Generator().manual_seed(7),
+    w2 = (w.double() * torch.exp(0.1 * torch.randn(w.shape, generator=torch.Generator().manual_seed(7),
                                                    dtype=torch.float64))).round().long()
     for option, kw in (("drift, fresh", {}), ("drift, previous", {"previous": old}),
-                       ("drift, prev+5%", {"previous": old, "keep_tolerance": 0.05})):
+                       ("drift, prev, tol 5%", {"previous": old, "migration_tolerance": 0.05})):
         p = plan_experts(w2, SLOTS, GROUPS, NODES, GPUS, refine=True, **kw)
         m = evaluate(w2, p.phy2log, GPUS, NODES, previous=old)
         _row("hierarchical", option, m, moved=str(m.summary()["moved"]), ms=f"{1e3 * p.solve_time_s:.1f}")

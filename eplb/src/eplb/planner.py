@@ -89,23 +89,23 @@ class Plan:
 
 def plan_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
                  num_gpus: int, *, refine: bool = False, spread: bool = False,
-                 previous: torch.Tensor | None = None, keep_tolerance: float = 0.0) -> Plan:
+                 previous: torch.Tensor | None = None, migration_tolerance: float = 0.0) -> Plan:
     """:func:`rebalance_experts` returning a :class:`Plan` (with the solve time)."""
     w = _check_weight(weight)
     L, E = w.shape
     R, groups, nodes, gpus = _check_shape_args(E, num_replicas, num_groups, num_nodes, num_gpus)
     prev = None if previous is None else _check_plan("previous", previous, L, R, E).numpy()
-    if not isinstance(keep_tolerance, (int, float)) or not keep_tolerance >= 0:
-        raise ValueError(f"keep_tolerance must be a number >= 0, got {keep_tolerance!r}")
+    if not isinstance(migration_tolerance, (int, float)) or not migration_tolerance >= 0:
+        raise ValueError(f"migration_tolerance must be a number >= 0, got {migration_tolerance!r}")
     t0 = time.perf_counter()
     out = _C.rebalance(w.numpy(), R, groups, nodes, gpus, bool(refine), bool(spread),
-                       float(keep_tolerance), prev)
+                       float(migration_tolerance), prev)
     return Plan(*map(torch.from_numpy, out), time.perf_counter() - t0)
 
 
 def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
                       num_gpus: int, *, refine: bool = False, spread: bool = False,
-                      previous: torch.Tensor | None = None, keep_tolerance: float = 0.0
+                      previous: torch.Tensor | None = None, migration_tolerance: float = 0.0
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Plans which logical experts each GPU holds, replicating the hot ones, for every layer.
 
@@ -120,15 +120,16 @@ def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, 
         max GPU load is never above the original's.
     spread: put replicas of one expert on different GPUs (and, under the global policy, nodes)
         whenever there is room.
-    previous: [L, R] int64 phy2log of the plan in use; the new plan is renumbered to move as few
-        expert weights as possible, and the previous plan is kept outright for layers where its max
-        GPU load is within (1 + keep_tolerance) of the new plan's.
-
+    previous: [L, R] int64 phy2log of the plan in use. Per layer the result is whichever of
+        (a) the previous plan, (b) the previous plan repaired (new replica counts, survivors keep
+        their slots, swaps to balance) and (c) the new plan renumbered to keep as many slots as
+        possible moves the fewest expert weights while its max GPU load stays within
+        (1 + migration_tolerance) of (c)'s.
     Returns phy2log [L, R], log2phy [L, E, max_replicas] (-1 padded) and logcnt [L, E], int64 on
     the CPU.
     """
     p = plan_experts(weight, num_replicas, num_groups, num_nodes, num_gpus, refine=refine,
-                     spread=spread, previous=previous, keep_tolerance=keep_tolerance)
+                     spread=spread, previous=previous, migration_tolerance=migration_tolerance)
     return p.phy2log, p.log2phy, p.logcnt
 
 
