@@ -1,0 +1,237 @@
+// Discrete-event simulator for the plans of planner.cpp.
+//
+// Model: each rank runs its op list in order on one compute "engine". Compute ops take their
+// cost. At a COMMIT every send of its batch departs (it arrives p2p later at its receiver) and
+// the rank waits until every recv of the batch has arrived.
+// Messages travel on FIFO channels keyed by (receiver rank, receiver phase, F|B), so micro-batch
+// ids never have to be stored. Ranks are advanced with a worklist: a rank runs until it blocks at
+// a COMMIT whose message has not been sent yet; sweeps over the ranks alternate direction so that
+// activations flow down and gradients flow up in one sweep each, with sequential memory access.
+#include <algorithm>
+#include <deque>
+#include <numeric>
+
+#include "schedule.hpp"
+
+namespace dualpipe {
+namespace {
+
+struct Channel {  // ring buffer of arrival times (capacity a power of two)
+  std::vector<double> buf = std::vector<double>(8);
+  size_t head = 0, count = 0;
+  void push(double x) {
+    size_t mask = buf.size() - 1;
+    if (count == buf.size()) {
+      std::vector<double> nb(buf.size() * 2);
+      for (size_t i = 0; i < count; ++i) nb[i] = buf[(head + i) & mask];
+      buf.swap(nb);
+      head = 0;
+      mask = buf.size() - 1;
+    }
+    buf[(head + count) & mask] = x;
+    ++count;
+  }
+  double pop() {
+    double x = buf[head];
+    head = (head + 1) & (buf.size() - 1);
+    --count;
+    return x;
+  }
+};
+
+struct RankState {
+  size_t pc = 0, ri = 0;
+  double t = 0, ready = 0, busy = 0, act = 0, peak = 0;
+  bool flushed = false;
+  std::vector<int> recvs;  // channels awaited by the COMMIT in progress
+  std::vector<int> nf, nb;                 // per phase: micro-batches forwarded / backwarded
+  std::deque<std::pair<int, int>> wq;      // (phase, chunk) of queued weight grads (timeline only)
+};
+
+}  // namespace
+
+SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& plan, const Costs& c, bool timeline) {
+  const int P = topo.ranks, Q = topo.phases;
+  if (int(plan.size()) != P) throw std::invalid_argument("plan must have one op list per rank");
+  std::vector<Channel> ch(size_t(P) * Q * 2);
+  std::vector<RankState> st(P);
+  for (auto& s : st) {
+    s.nf.assign(Q, 0);
+    s.nb.assign(Q, 0);
+  }
+  SimResult res;
+  auto record = [&](int r, int kind, int p, int k, int p1, int k1, double t0, double t1) {
+    res.t_rank.push_back(r);
+    res.t_kind.push_back(kind);
+    res.t_phase.push_back(p);
+    res.t_chunk.push_back(k);
+    res.t_phase1.push_back(p1);
+    res.t_chunk1.push_back(k1);
+    res.t_start.push_back(t0);
+    res.t_end.push_back(t1);
+  };
+  // per op code: duration, change of live activations, transient activation bump
+  double cost[256] = {0}, dact[256] = {0}, bump[256] = {0};
+  cost[kF] = c.f, dact[kF] = 1;
+  cost[kB] = c.b, dact[kB] = -1;
+  cost[kB | kZB] = c.b - c.w, dact[kB | kZB] = -1;
+  cost[kW] = c.w;
+  cost[kFB] = c.fb, bump[kFB] = 1;
+  std::vector<char> finished(P, 0);
+  int remaining = P;
+  for (int sweep = 0; remaining > 0; ++sweep) {
+   bool progress = false;
+   for (int k = 0; k < P; ++k) {
+    const int r = (sweep & 1) ? P - 1 - k : k;
+    if (finished[r]) continue;
+    RankState& s = st[r];
+    const size_t pc0 = s.pc, ri0 = s.ri;
+    const bool fl0 = s.flushed;
+    const std::vector<Op>& ops = plan[r];
+    const size_t n = ops.size();
+    bool blocked = false;
+    while (s.pc < n && !blocked) {
+      if (!timeline) {  // fast path: run compute ops up to the next COMMIT in registers
+        const Op* o = ops.data();
+        size_t pc = s.pc;
+        double t = s.t, busy = s.busy, act = s.act, peak = s.peak;
+        for (; pc < n && o[pc].code != kCommit; ++pc) {
+          const uint8_t code = o[pc].code;
+          const double d = cost[code], a = act + dact[code];
+          t += d;
+          busy += d;
+          peak = std::max(peak, a + bump[code]);
+          act = a;
+        }
+        s.pc = pc, s.t = t, s.busy = busy, s.act = act, s.peak = peak;
+        if (pc == n) break;
+      }
+      const Op op = ops[s.pc];
+      const int p = op.arg;
+      switch (kind_of(op)) {
+        case kF: {
+          double t0 = s.t;
+          s.t += c.f;
+          s.busy += c.f;
+          s.act += 1;
+          s.peak = std::max(s.peak, s.act);
+          if (timeline) record(r, kF, p, s.nf[p], -1, -1, t0, s.t);
+          ++s.nf[p];
+          break;
+        }
+        case kB: {
+          bool zb = op.code & kZB;
+          double d = zb ? c.b - c.w : c.b, t0 = s.t;
+          s.t += d;
+          s.busy += d;
+          s.act -= 1;
+          if (timeline) {
+            record(r, kB, p, s.nb[p], -1, -1, t0, s.t);
+            if (zb) s.wq.emplace_back(p, s.nb[p]);
+          }
+          ++s.nb[p];
+          break;
+        }
+        case kW: {
+          double t0 = s.t;
+          s.t += c.w;
+          s.busy += c.w;
+          if (timeline) {
+            if (s.wq.empty()) throw std::runtime_error("plan error: W without a queued weight grad on rank " + std::to_string(r));
+            record(r, kW, s.wq.front().first, s.wq.front().second, -1, -1, t0, s.t);
+            s.wq.pop_front();
+          }
+          break;
+        }
+        case kFB: {
+          int p0 = op.arg & 0x0F, p1 = op.arg >> 4;
+          double t0 = s.t;
+          s.t += c.fb;
+          s.busy += c.fb;
+          s.peak = std::max(s.peak, s.act + 1);
+          if (timeline) record(r, kFB, p0, s.nf[p0], p1, s.nb[p1], t0, s.t);
+          ++s.nf[p0];
+          ++s.nb[p1];
+          break;
+        }
+        case kCommit: {
+          if (!s.flushed) {  // issue the batch: sends depart now, recvs become awaited
+            for (int k = 0; k < op.arg; ++k) {
+              const uint8_t post = op.post[k];
+              const int j = topo.index(r, post_phase(post));
+              switch (post_kind(post)) {
+                case kRecvF: s.recvs.push_back(2 * j); break;
+                case kRecvB: s.recvs.push_back(2 * j + 1); break;
+                case kSendF:
+                case kSendB: {
+                  bool fwd = post_kind(post) == kSendF;
+                  int dst = fwd ? topo.next[j] : topo.prev[j];
+                  if (dst < 0) throw std::runtime_error("plan error: send past the end of the pipeline");
+                  Channel& q = ch[2 * dst + (fwd ? 0 : 1)];
+                  q.push(s.t + c.p2p);
+                  break;
+                }
+                default: break;
+              }
+            }
+            s.flushed = true;
+            s.ready = s.t;
+          }
+          for (; s.ri < s.recvs.size(); ++s.ri) {
+            Channel& q = ch[s.recvs[s.ri]];
+            if (q.count == 0) {
+              blocked = true;
+              break;
+            }
+            s.ready = std::max(s.ready, q.pop());
+          }
+          if (blocked) continue;  // resume at this COMMIT when woken
+          s.t = s.ready;
+          s.recvs.clear();
+          s.ri = 0;
+          s.flushed = false;
+          break;
+        }
+        default:
+          throw std::runtime_error("plan error: unknown op code " + std::to_string(op.code));
+      }
+      ++s.pc;
+    }
+    // We come back to this rank only after visiting the others: pull its next ops into cache
+    // now (the hardware prefetcher cannot follow one stream per rank).
+    if (s.pc + 64 < n) {
+      const char* nxt = reinterpret_cast<const char*>(ops.data() + s.pc);
+      __builtin_prefetch(nxt + 64);
+      __builtin_prefetch(nxt + 128);
+      __builtin_prefetch(nxt + 192);
+    }
+    progress |= s.pc != pc0 || s.ri != ri0 || s.flushed != fl0;
+    if (s.pc == n) {
+      finished[r] = 1;
+      --remaining;
+    }
+   }
+   if (!progress) break;  // nobody can move: deadlock, reported below
+  }
+  for (int r = 0; r < P; ++r) {
+    const RankState& s = st[r];
+    if (s.pc < plan[r].size())
+      throw std::runtime_error("plan deadlocks: rank " + std::to_string(r) + " waits forever at op " +
+                               std::to_string(s.pc) + " of " + std::to_string(plan[r].size()));
+  }
+  for (const Channel& q : ch)
+    if (q.count) throw std::runtime_error("plan error: a message was sent but never received");
+  res.busy.resize(P);
+  res.end.resize(P);
+  res.peak_activations.resize(P);
+  for (int r = 0; r < P; ++r) {
+    res.busy[r] = st[r].busy;
+    res.end[r] = st[r].t;
+    res.peak_activations[r] = st[r].peak;
+    res.makespan = std::max(res.makespan, st[r].t);
+    res.num_ops += int64_t(plan[r].size());
+  }
+  return res;
+}
+
+}  // namespace dualpipe

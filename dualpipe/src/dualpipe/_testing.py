@@ -1,0 +1,288 @@
+"""Multi-process CPU harness shared by the tests, ``python -m dualpipe run`` and the benchmarks.
+
+Tiny MLP stages (one linear layer that defers its weight grad through WeightGradStore, one plain
+nn.Linear) are run through DualPipe / DualPipeV on gloo and checked against ``ref.ref_step``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import traceback
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as Fn
+
+from .utils import WeightGradStore, run_backward
+
+
+class _ZBLinear(torch.autograd.Function):
+    """y = x @ w.T whose weight grad is deferred to WeightGradStore when it is enabled."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+
+        def weight_grad():
+            gw = g.flatten(0, -2).t() @ x.flatten(0, -2)
+            w.grad = gw if w.grad is None else w.grad + gw
+
+        if WeightGradStore.enabled:
+            WeightGradStore.put(weight_grad)
+        else:
+            weight_grad()
+        return g @ w, None
+
+
+class MLPStage(nn.Module):
+    """x [mb, hidden] -> tanh(x @ w1.T) -> Linear -> [mb, hidden]."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(hidden, hidden) / hidden ** 0.5)
+        self.lin2 = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        return self.lin2(torch.tanh(_ZBLinear.apply(x, self.w1)))
+
+
+class MLPStageOverlap(MLPStage):
+    """Same stage with the overlapped_forward_backward hook (forward of one chunk, backward of another)."""
+
+    @classmethod
+    def overlapped_forward_backward(cls, module0, inputs0, criterion0, labels0, module1, loss1, outputs1, output_grads1):
+        outputs0 = module0(*inputs0)
+        outputs0 = [outputs0] if isinstance(outputs0, torch.Tensor) else outputs0
+        loss0 = criterion0(*outputs0, *labels0) if criterion0 is not None else None
+        if loss1 is not None:
+            loss1.backward()
+            loss1.detach_()
+        else:
+            run_backward(outputs1, output_grads1)
+        return outputs0, loss0
+
+
+def criterion(out, target):
+    return Fn.mse_loss(out, target)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
+    import datetime
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    if a.shape != b.shape:
+        return float("inf")
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, forward_only: bool = False,
+               hidden: int = 8, mb: int = 2, seed: int = 0, group=None, rank_mapping=None,
+               trace: bool = False) -> Dict[str, float]:
+    """Run one step of ``kind`` on the current process group and compare with the oracle.
+
+    Returns max relative errors {"loss", "outputs", "grads"} seen on this rank (0 where n/a),
+    plus "trace_ok" (1.0/0.0) when ``trace``.
+    """
+    from . import DualPipe, DualPipeV, set_p2p_tensor_dtype, set_p2p_tensor_shapes
+    from .ref import ref_step
+    from .schedule import plan
+
+    group = group or dist.distributed_c10d._get_default_group()
+    P, grank = group.size(), group.rank()
+    mapping = rank_mapping or list(range(P))
+    r = mapping[grank]
+    n_stages = P if kind == "DualPipe" else 2 * P
+    cls = MLPStageOverlap if overlap else MLPStage
+    torch.manual_seed(seed)
+    stages = nn.ModuleList([cls(hidden) for _ in range(n_stages)]).double()
+    x = torch.randn(num_chunks * mb, hidden, dtype=torch.float64)
+    y = torch.randn(num_chunks * mb, hidden, dtype=torch.float64)
+
+    set_p2p_tensor_shapes([(mb, hidden)])
+    set_p2p_tensor_dtype(torch.float64)
+    if kind == "DualPipe":
+        local = (copy.deepcopy(stages[r]), copy.deepcopy(stages[P - 1 - r]))
+        model = DualPipe(local, process_group=group, rank_mapping=rank_mapping)
+        xs, ys = x.chunk(2), y.chunk(2)
+        inp = (xs[0],) if r == 0 else ((xs[1],) if r == P - 1 else ())
+        lab = (ys[1],) if r == 0 else ((ys[0],) if r == P - 1 else ())
+    else:
+        local = (copy.deepcopy(stages[r]), copy.deepcopy(stages[2 * P - 1 - r]))
+        model = DualPipeV(local, process_group=group, rank_mapping=rank_mapping)
+        inp, lab = ((x,), (y,)) if r == 0 else ((), ())
+    if trace:
+        model.trace = []
+    poison = torch.full((1,), float("nan"))
+    loss, outputs = poison, poison
+    with torch.set_grad_enabled(not forward_only):
+        loss, outputs = model.step(*inp, num_chunks=num_chunks, criterion=criterion, labels=lab,
+                                   return_outputs=return_outputs)
+    ref_loss, ref_out = ref_step(stages, (x,), (y,), num_chunks, criterion, backward=not forward_only)
+
+    res = {"loss": 0.0, "outputs": 0.0, "grads": 0.0}
+    half = num_chunks // 2
+    if kind == "DualPipe" and r in (0, P - 1):
+        sl = slice(half, None) if r == 0 else slice(0, half)
+        rows = slice(half * mb, None) if r == 0 else slice(0, half * mb)
+        res["loss"] = rel_err(loss, ref_loss[sl])
+        res["outputs"] = rel_err(outputs, ref_out[0][rows]) if return_outputs else float(outputs is not None)
+    elif kind == "DualPipeV" and r == 0:
+        res["loss"] = rel_err(loss, ref_loss)
+        res["outputs"] = rel_err(outputs, ref_out[0]) if return_outputs else float(outputs is not None)
+    else:
+        res["loss"] = float(loss is not None)
+        res["outputs"] = float(outputs is not None)
+
+    if not forward_only:
+        mine = [[p.grad for p in m.parameters()] for m in model.module]
+        if kind == "DualPipe":  # the two copies of each stage: sum their grads over the group
+            flat = torch.cat([g.flatten() for gs in mine for g in gs])
+            allg = [torch.empty_like(flat) for _ in range(P)]
+            dist.all_gather(allg, flat, group=group)
+            by_rank = [None] * P
+            for g_rank, t in enumerate(allg):
+                by_rank[mapping[g_rank]] = t
+            n0 = sum(g.numel() for g in mine[0])
+            total = by_rank[r][:n0] + by_rank[P - 1 - r][n0:]
+            ref = torch.cat([p.grad.flatten() for p in stages[r].parameters()])
+            res["grads"] = rel_err(total, ref)
+        else:
+            errs = []
+            for m_idx, s_idx in ((0, r), (1, 2 * P - 1 - r)):
+                for g, p in zip(mine[m_idx], stages[s_idx].parameters()):
+                    errs.append(rel_err(g, p.grad))
+            res["grads"] = max(errs)
+    if trace:
+        expected = plan(kind, P, num_chunks, rank=r, forward_only=forward_only)[0]
+        res["trace_ok"] = float(model.trace == expected)
+    return res
+
+
+def _worker(rank: int, world: int, port: int, cases: List[dict], out_dir: str) -> None:
+    out = {"rank": rank, "results": [], "error": None}
+    try:
+        init(rank, world, port)
+        for case in cases:
+            case = dict(case)
+            sub = case.pop("subgroup", None)
+            group = None
+            if sub is not None:  # every rank must create every group; only members run the case
+                group = dist.new_group(sub)
+                if rank not in sub:
+                    out["results"].append(None)
+                    continue
+            if case.pop("expect_error", False):
+                out["results"].append(_expect_error(case, group))
+                continue
+            out["results"].append(check_case(group=group, **case))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # reported to the parent
+        out["error"] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+def _expect_error(case: dict, group) -> dict:
+    """Run a bad-input case; report the exception type and message seen on this rank."""
+    try:
+        bad_step(group=group, **case)
+    except (ValueError, TypeError) as e:
+        return {"raised": type(e).__name__, "message": str(e)}
+    return {"raised": None, "message": ""}
+
+
+def bad_step(what: str, kind: str = "DualPipeV", group=None) -> None:
+    """Construct / step a pipeline with one kind of bad input (see tests/test_bad_input.py)."""
+    from . import DualPipe, DualPipeV, set_p2p_tensor_dtype, set_p2p_tensor_shapes
+    group = group or dist.distributed_c10d._get_default_group()
+    P, r = group.size(), group.rank()
+    cls = DualPipe if kind == "DualPipe" else DualPipeV
+    hidden, mb = 4, 2
+    set_p2p_tensor_shapes([(mb, hidden)])
+    set_p2p_tensor_dtype(torch.float64)
+    mods = (MLPStage(hidden).double(), MLPStage(hidden).double())
+    if what == "modules":
+        cls((mods[0],), process_group=group)
+    if what == "modules_type":
+        cls((mods[0], "not a module"), process_group=group)
+    if what == "odd_ranks":
+        DualPipe(mods, process_group=group)
+    model = cls(mods, process_group=group)
+    n = 2 * P
+    first = r == 0 or (kind == "DualPipe" and r == P - 1)
+    x = torch.randn(n * mb, hidden, dtype=torch.float64)
+    kw = dict(num_chunks=n, criterion=criterion, labels=(x,))
+    if what == "num_chunks_small":
+        kw["num_chunks"] = n - 2
+    elif what == "num_chunks_odd":
+        kw["num_chunks"] = n + 1
+    elif what == "batch_split":
+        x = torch.randn(n * mb + (1 if r == 0 else 0), hidden, dtype=torch.float64)
+    elif what == "p2p_shape":
+        if r == P - 1:
+            set_p2p_tensor_shapes([(mb, hidden + 1)])
+    elif what == "p2p_dtype":
+        if r == 0:
+            set_p2p_tensor_dtype(torch.float32)
+    elif what == "num_chunks_mismatch":
+        if r == 1:
+            kw["num_chunks"] = n + 2
+    elif what == "no_criterion":
+        kw["criterion"] = None
+    model.step(*((x,) if first else ()), **kw)
+
+
+def launch(world: int, cases: List[dict], timeout_s: float = 180.0) -> List[dict]:
+    """Spawn ``world`` gloo processes on 127.0.0.1 (a fresh free port) running ``cases``.
+
+    Returns each rank's {"rank", "results", "error"}; raises if a process hangs or dies.
+    """
+    import multiprocessing as mp
+    import tempfile
+    import time
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=_worker, args=(r, world, port, cases, d), daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        if hung:
+            raise TimeoutError(f"ranks {hung} of {world} did not finish within {timeout_s} s")
+        outs = []
+        for r in range(world):
+            path = os.path.join(d, f"rank{r}.json")
+            if not os.path.exists(path):
+                raise RuntimeError(f"rank {r} exited with code {procs[r].exitcode} without a result")
+            with open(path) as f:
+                outs.append(json.load(f))
+    return outs
