@@ -24,7 +24,7 @@ import deepgemm as dg
 from deepgemm import ref
 
 DENSE_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
-DENSE_M = [64, 128, 4096]
+DENSE_M = [1, 64, 128, 4096]
 GROUPED_NK = [(4096, 7168), (7168, 2048)]
 CONTIG = [(4, 8192), (8, 4096)]            # (groups, rows per group)
 MASKED = [(1, 256), (8, 64), (32, 32), (32, 256)]  # (groups, rows per group)
@@ -176,6 +176,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--compare-epilogue", action="store_true",
+                    help="also time the direct and the staged BF16 epilogue on a few dense shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device")
@@ -196,6 +198,17 @@ def main():
         for g, mg in (MASKED[1:3] if args.quick else MASKED):
             rows.append(bench_masked(g, mg, n, k))
             print(json.dumps(rows[-1]), flush=True)
+    variants = []
+    if args.compare_epilogue:
+        import os
+        for m, n, k in [(64, 7168, 2048), (128, 7168, 2048), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 24576, 1536)]:
+            res = {}
+            for epi in ("direct", "staged"):
+                os.environ["DEEPGEMM_EPILOGUE"] = epi
+                res[epi] = bench_dense(m, n, k, with_ref=False)["ours_tflops"]
+            os.environ.pop("DEEPGEMM_EPILOGUE")
+            variants.append({"m": m, "n": n, "k": k, **res})
+            print(json.dumps(variants[-1]), flush=True)
     from deepgemm.jit import compiler
     compiles = [(r.params.get("kind"), r.params.get("n"), r.params.get("k"), r.params.get("bm"), r.params.get("bn"),
                  r.backend, round(r.seconds, 2)) for r in compiler.COMPILE_LOG if r.backend != "cache"]
@@ -217,9 +230,11 @@ def main():
     print(f"geomean speed-up vs cuBLAS blockwise: dense {summary['geomean_speedup_dense']:.2f}x, "
           f"M<=128 {summary['geomean_speedup_dense_m_le_128']:.2f}x; max dense {summary['max_dense_tflops']:.0f} TFLOPS")
     print("cold compiles (kind, N, K, BM, BN, backend, s):", compiles)
+    for v in variants:
+        print(f"epilogue M={v['m']} N={v['n']} K={v['k']}: direct {v['direct']:.0f} / staged {v['staged']:.0f} TFLOPS")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary, "device": torch.cuda.get_device_name(),
+            json.dump({"rows": rows, "summary": summary, "epilogue_variants": variants, "device": torch.cuda.get_device_name(),
                        "torch": torch.__version__}, f, indent=1)
     return 0
 

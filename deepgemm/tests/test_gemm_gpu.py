@@ -199,3 +199,24 @@ def test_backends_and_cache_reuse(tmp_path):
             assert o.returncode == 0, o.stderr[-2000:]
         first, second = (o.stdout.split("RESULT")[-1] for o in outs)
         assert be in first and "cache" in second and be not in second, (first, second)
+
+
+@pytest.mark.parametrize("epi", ["direct", "staged"])
+@pytest.mark.parametrize("num_sms", [132, 77])
+def test_epilogues_and_block_sizes(epi, num_sms, monkeypatch):
+    """Both BF16 epilogues, with C; other SM counts give other BN (tiles straddling B scale blocks)."""
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
+    old = dg.get_num_sms()
+    dg.set_num_sms(num_sms)
+    try:
+        for m, n, k in [(1000, 2112, 7168), (64, 7168, 2048), (129, 24576, 1536)]:
+            x, y = _rand((m, k), m), _rand((n, k), n)
+            a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+            c = torch.randn(m, n, device=DEV)
+            d = poisoned((m, n), torch.bfloat16, DEV)
+            dg.fp8_gemm_nt(a, b, d, c=c)
+            r = torch.empty(m, n, device=DEV)
+            ref.ref_gemm_nt(*a, *b, r, c)
+            _check(d, r)
+    finally:
+        dg.set_num_sms(old)

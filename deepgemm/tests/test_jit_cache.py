@@ -28,7 +28,7 @@ def test_cache_key_depends_on_everything():
     c1 = kernels.Config(0, True, 0, 0, 7168, 2048, 128, 128, 6)
     c2 = kernels.Config(0, True, 0, 0, 7168, 4096, 128, 128, 6)
     assert kernels.kernel_source(c1) != kernels.kernel_source(c2)
-    assert "gemm_body<0, true, 0, 0, 7168, 2048, 128, 128, 6>" in kernels.kernel_source(c1)
+    assert "gemm_body<0, true, 0, 0, 7168, 2048, 128, 128, 6, 0>" in kernels.kernel_source(c1)
 
 
 def test_build_caches_on_disk(cache):
@@ -98,9 +98,11 @@ def test_block_choice_and_smem():
     for fp8 in (True, False):
         for k in (512, 2048, 7168, 16384):
             for bm in kernels.BLOCK_MS:
-                for bn in kernels.BLOCK_NS:
+                for bn in (kernels.BLOCK_NS_FP8 if fp8 else kernels.BLOCK_NS_BF16):
                     s = kernels.max_stages(fp8, k, bm, bn)
                     assert s >= 2 and kernels.smem_bytes(fp8, k, bm, bn, s) <= kernels.SMEM_LIMIT
-    assert kernels.choose_blocks(4096, 7168, 1, 132) == (128, 128)
+    bm, bn = kernels.choose_blocks(4096, 7168, 1, 132)
+    assert bm == 128 and bn >= 112  # large M: big tiles
     bm, bn = kernels.choose_blocks(64, 7168, 1, 132)
-    assert bm == 64 and 7168 // bn >= 66  # small M: narrow N blocks so that most SMs get work
+    assert bm == 64 and 120 <= -(-7168 // bn) <= 132  # small M: N blocks sized to fill the SMs in one wave
+    assert kernels.choose_blocks(64, 2112, 1, 132) == (64, 16)  # 2112 / 16 = 132 tiles

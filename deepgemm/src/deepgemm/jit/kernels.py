@@ -6,6 +6,7 @@ once per parameter set (deepgemm.jit.compiler caches the cubin on disk)."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import warnings
 from dataclasses import asdict, dataclass
@@ -15,12 +16,14 @@ import torch
 from ..utils import ceil_div, get_num_sms
 from . import compiler, runtime
 
+EPILOGUE_DEFAULT = "staged"  # DEEPGEMM_EPILOGUE=direct|staged overrides (BF16 output only)
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
 C_CODE = {None: 0, torch.float32: 1, torch.bfloat16: 2}
 BLOCK_MS = (64, 128)
-BLOCK_NS = (16, 32, 64, 128)
+BLOCK_NS_FP8 = tuple(range(16, 129, 8))   # a tile spans at most two 128-wide B scale blocks
+BLOCK_NS_BF16 = tuple(range(16, 257, 16))
 
 
 @dataclass(frozen=True)
@@ -34,23 +37,24 @@ class Config:
     bm: int
     bn: int
     stages: int
+    epi: int = 0  # 1: staged (shared memory, 16-byte coalesced stores) BF16 epilogue
 
     @property
     def threads(self) -> int:
         return 128 * (self.bm // 64 + 1)
 
 
-def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int) -> int:
+def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0) -> int:
     """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh."""
     sfa = bm * 4 if fp8 else 0
-    sfb = (bm // 64) * (k // 128) * 4 if fp8 else 0
-    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + sfb
+    staging = (bm // 64) * 64 * (bn * 2 + 16) if epi else 0
+    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging
 
 
-def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12) -> int:
+def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0) -> int:
     kb = k // (128 if fp8 else 64)
     s = cap
-    while s > 1 and smem_bytes(fp8, k, bm, bn, s) > SMEM_LIMIT:
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi) > SMEM_LIMIT:
         s -= 1
     return max(1, min(s, max(kb, 2)))
 
@@ -64,11 +68,11 @@ def tile_cost(bm: int, bn: int) -> float:
     return max(mma, load)
 
 
-def choose_blocks(m: int, n: int, groups: int, num_sms: int) -> tuple[int, int]:
+def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True) -> tuple[int, int]:
     """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems."""
     best = None
     for bm in BLOCK_MS:
-        for bn in BLOCK_NS:
+        for bn in (BLOCK_NS_FP8 if fp8 else BLOCK_NS_BF16):
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
             cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn)
             # tie-break: fewer tiles (less re-reading of A and B)
@@ -79,9 +83,10 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int) -> tuple[int, int]:
 
 
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
-    bm, bn = choose_blocks(m_hint, n, groups, get_num_sms())
+    bm, bn = choose_blocks(m_hint, n, groups, get_num_sms(), fp8)
+    epi = 1 if d.dtype == torch.bfloat16 and os.environ.get("DEEPGEMM_EPILOGUE", EPILOGUE_DEFAULT) == "staged" else 0
     return Config(KINDS[kind], fp8, OUT_CODE[d.dtype], C_CODE[None if c is None else c.dtype], n, k, bm, bn,
-                  max_stages(fp8, k, bm, bn))
+                  max_stages(fp8, k, bm, bn, epi=epi), epi)
 
 
 # source generation
@@ -107,7 +112,7 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
 
 def kernel_source(cfg: Config) -> str:
     args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
-            f"{cfg.bm}, {cfg.bn}, {cfg.stages}")
+            f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}")
     return (
         f"// deepgemm kernel {asdict(cfg)}\n"
         + compiler.read_header()
@@ -141,7 +146,7 @@ def get_kernel(cfg: Config) -> runtime.Kernel:
                     raise
                 warnings.warn(f"deepgemm: NVRTC failed, retrying with nvcc: {str(exc)[:300]}")
                 cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
-            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages))
+            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi))
             _kernels[cfg] = kern
     return kern
 

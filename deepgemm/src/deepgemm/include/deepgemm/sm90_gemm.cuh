@@ -21,6 +21,8 @@ enum OutType { kOutBF16 = 0, kOutF32 = 1, kOutFP8 = 2 };
 enum CType { kNoC = 0, kCF32 = 1, kCBF16 = 2 };
 
 struct __align__(64) TmaDesc { u64 data[16]; };  // CUtensorMap, passed by value
+struct __align__(16) Vec16 { u32 x, y, z, w; };
+struct __align__(8) Float2 { float x, y; };
 
 template <int N, bool FP8> struct Wgmma;  // specialised by the JIT: mma(d, desc_a, desc_b, scale_d)
 
@@ -119,15 +121,17 @@ struct Scheduler {
 };
 
 // ---- shared-memory plan (the host computes the same total in deepgemm/jit/kernels.py) --------
-template <bool FP8, int K, int BM, int BN, int STAGES, int NUM_MATH_WG>
+template <bool FP8, int K, int BM, int BN, int STAGES, int NUM_MATH_WG, int EPI>
 struct SmemPlan {
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 ? BM * 4 : 0;
-  static constexpr int kSFKB = K / 128;
-  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES +
-                                (FP8 ? NUM_MATH_WG * kSFKB * 4 : 0);
+  static constexpr int kPitch = BN * 2 + 16;  // staged BF16 epilogue: padded rows, conflict-free writes
+  static constexpr int kEpiBytes = EPI ? NUM_MATH_WG * 64 * kPitch : 0;
+  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES + kEpiBytes;
 };
 
-template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES>
+// EPI = 0: registers -> global directly (any output type); EPI = 1 (BF16 output): registers ->
+// padded shared-memory tile -> 16-byte coalesced global stores.
+template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
@@ -137,10 +141,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + BN - 1) / BN;
-  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, NUM_MATH_WG>;
+  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, NUM_MATH_WG, EPI>;
+  static_assert(EPI == 0 || OUT == kOutBF16, "staged epilogue is BF16-only");
   constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
   static_assert(BM == 64 || BM == 128, "BM");
-  static_assert(BN % 16 == 0 && BN <= 128 && 128 % BN == 0, "BN must divide 128 (one B scale per tile)");
+  static_assert(BN % 8 == 0 && BN <= (FP8 ? 128 : 256), "BN: a multiple of 8, <= 128 (FP8: a tile spans <= 2 B scale blocks)");
   static_assert(K % KEL == 0, "K");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -151,7 +156,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const u32 sA = base, sB = sA + STAGES * A_BYTES, sSFA = sB + STAGES * B_BYTES;
   const u32 bars = sSFA + STAGES * SFA_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
   const float* sfa_smem = reinterpret_cast<const float*>(smem + (sSFA - base));
-  float* sfb_smem = reinterpret_cast<float*>(smem + (bars - base) + 16 * STAGES);
+  unsigned char* epi_smem = smem + (bars - base) + 16 * STAGES;  // [NUM_MATH_WG][64][kPitch]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   if (tid == 0) {
@@ -200,30 +205,53 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 
   // consumer warpgroups: rows [wg*64, wg*64+64) of the tile
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-  const int wtid = tid % 128, wwarp = warp % 4;
+  const int wwarp = warp % 4;
   const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
-  float* my_sfb = sfb_smem + wg * SF_KB;
   Scheduler<KIND, BM, NB> sched(M, num_groups, grouped);
   int m_blk, n_blk, g;
+  bool have = sched.next(m_blk, n_blk, g);
+  // B's scales: a tile's columns [n0, n0 + BN) span scale blocks n0/128 and (maybe) n0/128 + 1;
+  // they are read from global memory one K block ahead (the next tile's first during the last).
+  const float* sfb_row0 = sfb;
+  int sfb_step = 0;  // offset from block n0/128 to the next one (0 when the tile does not straddle)
+  auto sfb_tile = [&](int nb_, int g_, const float*& row, int& step) {
+    const int n0 = nb_ * BN, blk = n0 / 128;
+    row = sfb + ((KIND == kDense ? 0 : g_) * SFB_NB + blk) * SF_KB;
+    step = (blk + 1 < SFB_NB && n0 % 128 + BN > 128) ? SF_KB : 0;
+  };
+  float sb0_next = 0.f, sb1_next = 0.f;
+  if (FP8 && have) {
+    sfb_tile(n_blk, g, sfb_row0, sfb_step);
+    sb0_next = sfb_row0[0];
+    sb1_next = sfb_row0[sfb_step];
+  }
   u32 it = 0;
-  while (sched.next(m_blk, n_blk, g)) {
-    if (FP8) {  // B's scales for this N block, all K blocks, into shared memory
-      named_bar_sync(1 + wg, 128);
-      const float* src = sfb + ((KIND == kDense ? 0 : g) * SFB_NB + (n_blk * BN) / 128) * SF_KB;
-      for (int i = wtid; i < SF_KB; i += 128) my_sfb[i] = src[i];
-      named_bar_sync(1 + wg, 128);
-    }
+  while (have) {
+    int nm_blk = 0, nn_blk = 0, ng = 0;
+    const bool have_next = sched.next(nm_blk, nn_blk, ng);
+    const float* nrow = sfb_row0;
+    int nstep = 0;
+    if (FP8 && have_next) sfb_tile(nn_blk, ng, nrow, nstep);
+    const int boundary = 128 - (n_blk * BN) % 128;  // tile-local columns >= boundary use the 2nd scale
     float acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
     for (int kb = 0; kb < KB; ++kb, ++it) {
       const u32 s = it % STAGES, ph = (it / STAGES) & 1;
+      float sb0 = 0.f, sb1 = 0.f;
+      if constexpr (FP8) {
+        sb0 = sb0_next; sb1 = sb1_next;
+        if (kb + 1 < KB) {
+          sb0_next = sfb_row0[kb + 1]; sb1_next = sfb_row0[sfb_step + kb + 1];
+        } else if (have_next) {
+          sb0_next = nrow[0]; sb1_next = nrow[nstep];
+        }
+      }
       mbar_wait(bars + 8 * s, ph);
       const u32 a_addr = sA + s * A_BYTES + wg * 64 * 128, b_addr = sB + s * B_BYTES;
       if constexpr (FP8) {
         const float sa0 = sfa_smem[s * BM + wg * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wg * 64 + r_in_wg + 8];
-        const float sb = my_sfb[kb];
         float tmp[BN / 2];
         fence_regs(tmp);
         wgmma_fence();
@@ -234,9 +262,16 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         fence_regs(tmp);
         __syncwarp();
         if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
-        const float s0 = sa0 * sb, s1 = sa1 * sb;
+        const float s00 = sa0 * sb0, s10 = sa1 * sb0, s01 = sa0 * sb1, s11 = sa1 * sb1;
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] += tmp[i] * ((i & 2) ? s1 : s0);
+        for (int j = 0; j < BN / 8; ++j) {
+          const bool second = j * 8 + (lane % 4) * 2 >= boundary;
+          const float t0 = second ? s01 : s00, t1 = second ? s11 : s10;
+          acc[j * 4 + 0] += tmp[j * 4 + 0] * t0;
+          acc[j * 4 + 1] += tmp[j * 4 + 1] * t0;
+          acc[j * 4 + 2] += tmp[j * 4 + 2] * t1;
+          acc[j * 4 + 3] += tmp[j * 4 + 3] * t1;
+        }
       } else {
         fence_regs(acc);
         wgmma_fence();
@@ -251,7 +286,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       }
     }
 
-    // epilogue: registers -> global, rows/cols bounds-checked (N % 8 == 0 is required on the host)
+    // epilogue: rows/cols bounds-checked (N % 8 == 0 is required on the host)
     int limit = M;
     long long row_off = 0;
     if (KIND == kMasked) {
@@ -259,36 +294,76 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       limit = mg < 0 ? 0 : (mg > M ? M : mg);
       row_off = (long long)g * M;
     }
-    const int row0 = m_blk * BM + wg * 64 + r_in_wg;
-    const int col0 = n_blk * BN + (lane % 4) * 2;
+    const int row_wg = m_blk * BM + wg * 64;  // first row of this warpgroup's 64
+    const int col_t = n_blk * BN;
+    if constexpr (EPI == 1) {
+      constexpr int P = Plan::kPitch;
+      unsigned char* buf = epi_smem + wg * 64 * P;
+      named_bar_sync(1 + wg, 128);  // the previous tile's copy-out has finished reading buf
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row0 + half * 8;
-      if (r >= limit) continue;
-      if (KIND == kContiguous && grouped[r] < 0) continue;
-      const long long off = (row_off + r) * (long long)N;
+      for (int half = 0; half < 2; ++half) {
+        const int r = r_in_wg + half * 8;
+        const bool row_ok = row_wg + r < limit;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = col0 + j * 8;
-        if (col >= N) continue;
-        float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
-        if (CT == kCF32) {
-          const float* cp = reinterpret_cast<const float*>(c_ptr) + off + col;
-          v0 += cp[0]; v1 += cp[1];
-        } else if (CT == kCBF16) {
-          const u32 cv = *(reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off + col));
-          v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+        for (int j = 0; j < BN / 8; ++j) {
+          const int c = j * 8 + (lane % 4) * 2;
+          float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
+          if (CT != kNoC && row_ok && col_t + c < N) {
+            const long long off = (row_off + row_wg + r) * (long long)N + col_t + c;
+            if (CT == kCF32) {
+              const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
+              v0 += cp[0]; v1 += cp[1];
+            } else {
+              const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
+              v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+            }
+          }
+          *reinterpret_cast<u32*>(buf + r * P + c * 2) = pack_bf16(v0, v1);
         }
-        if (OUT == kOutBF16) {
-          *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(d_ptr) + off + col) = pack_bf16(v0, v1);
-        } else if (OUT == kOutF32) {
-          float* dp = reinterpret_cast<float*>(d_ptr) + off + col;
-          dp[0] = v0; dp[1] = v1;
-        } else {
-          *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(d_ptr) + off + col) = pack_fp8(v0, v1);
+      }
+      named_bar_sync(1 + wg, 128);
+      constexpr int CH = BN / 8;  // 16-byte chunks per row
+      const int wtid = tid % 128;
+      for (int idx = wtid; idx < 64 * CH; idx += 128) {
+        const int r = idx / CH, ch = idx - r * CH;
+        const int row = row_wg + r, col = col_t + ch * 8;
+        if (row >= limit || col >= N) continue;
+        if (KIND == kContiguous && grouped[row] < 0) continue;
+        const Vec16 v = *reinterpret_cast<const Vec16*>(buf + r * P + ch * 16);
+        *reinterpret_cast<Vec16*>(reinterpret_cast<unsigned short*>(d_ptr) + (row_off + row) * (long long)N + col) = v;
+      }
+    } else {
+      const int col0 = col_t + (lane % 4) * 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row_wg + r_in_wg + half * 8;
+        if (r >= limit) continue;
+        if (KIND == kContiguous && grouped[r] < 0) continue;
+        const long long off = (row_off + r) * (long long)N;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = col0 + j * 8;
+          if (col >= N) continue;
+          float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
+          if (CT == kCF32) {
+            const float* cp = reinterpret_cast<const float*>(c_ptr) + off + col;
+            v0 += cp[0]; v1 += cp[1];
+          } else if (CT == kCBF16) {
+            const u32 cv = *(reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off + col));
+            v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+          }
+          if (OUT == kOutBF16) {
+            *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(d_ptr) + off + col) = pack_bf16(v0, v1);
+          } else if (OUT == kOutF32) {
+            *reinterpret_cast<Float2*>(reinterpret_cast<float*>(d_ptr) + off + col) = Float2{v0, v1};
+          } else {
+            *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(d_ptr) + off + col) = pack_fp8(v0, v1);
+          }
         }
       }
     }
+    have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
+    sfb_row0 = nrow; sfb_step = nstep;
   }
 }
 
