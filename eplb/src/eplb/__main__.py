@@ -46,7 +46,7 @@ def demo(args) -> None:
     w2 = (w.double() * torch.exp(0.1 * torch.randn(w.shape, generator=torch.Generator().manual_seed(7),
                                                    dtype=torch.float64))).round().long()
     for option, kw in (("drift, fresh", {}), ("drift, previous", {"previous": old}),
-                       ("drift, prev, tol 5%", {"previous": old, "migration_tolerance": 0.05})):
+                       ("drift, tol 5%", {"previous": old, "migration_tolerance": 0.05})):
         p = plan_experts(w2, SLOTS, GROUPS, NODES, GPUS, refine=True, **kw)
         m = evaluate(w2, p.phy2log, GPUS, NODES, previous=old)
         _row("hierarchical", option, m, moved=str(m.summary()["moved"]), ms=f"{1e3 * p.solve_time_s:.1f}")
@@ -74,7 +74,10 @@ def demo(args) -> None:
 
 def plot(path: str, w, *metrics) -> None:
     """Per-GPU load of the layer that is worst without balancing: before, greedy, refined."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     layer = int(metrics[0].imbalance.argmax())
