@@ -78,7 +78,8 @@ def main():
             return torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, scale, causal, False)
 
         out, _ = ours()
-        t = bench_graph(ours)
+        torch.cuda.synchronize()   # do_bench_cudagraph runs on a side stream: inputs must be ready
+        t = bench_graph(ours, rep_ms=40)
         tot = sum(sl_list)
         nbytes = 2 * (tot * 576 + q.numel() + out.numel())
         flops = 2 * h_q * s_q * tot * (576 + 512)
@@ -88,7 +89,7 @@ def main():
         rec["frac_mma"] = flops / t / BF16_PEAK
         lmax = max(sl_list)
         try:
-            ts = bench_graph(lambda: sdpa_baseline(q, kc, bt, sl, lmax, causal), rep_ms=30)
+            ts = bench_graph(lambda: sdpa_baseline(q, kc, bt, sl, lmax, causal), rep_ms=20)
         except torch.OutOfMemoryError:
             ts = float("nan")
         rec["sdpa_s"] = ts
@@ -113,6 +114,7 @@ def main():
             q, kc, bt, sl = make_inputs(batch, L, h_q, 1, device="cuda", seed=2, poison=False)
             k8 = flashmla.quantize_kvcache(kc)
             meta, splits = flashmla.get_mla_metadata(sl, h_q, 1)
+            torch.cuda.synchronize()
             tb = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, 576 ** -0.5, False, False))
             tf = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, k8, bt, sl, 512, meta, splits, 576 ** -0.5, False, True))
             nb8 = batch * L * 656 + 2 * (q.numel() + batch * h_q * 512)

@@ -25,6 +25,8 @@ constexpr int D_QK = 576, D_V = 512, PAGE = 64, NT = 256;
 constexpr int ROWB = D_QK * 2;                 // bytes of one bf16 row in shared memory
 constexpr int RCH = ROWB / 16;                 // 16-byte chunks per row (72)
 constexpr int KTILE = PAGE * ROWB;             // bytes of one bf16 page (73728)
+constexpr int QROWB = D_V * 2;                 // Q rows in shared memory: the 512 NoPE columns
+constexpr int QCH = QROWB / 16;                // (the 64 RoPE columns of Q live in registers)
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -36,6 +38,10 @@ __device__ __forceinline__ uint32_t swz(int r, int ch, int rowb) { return r * ro
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// bring a whole page into L2 ahead of its cp.async (more bytes in flight than two smem buffers)
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -64,7 +70,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-template <int WM>
+constexpr int FP8_TOKEN = 656;                 // fp8 token: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE
+constexpr int FP8_CH = FP8_TOKEN / 16;         // 41 chunks
+constexpr int FP8_TILE = PAGE * FP8_TOKEN;     // 41984 bytes
+
+template <int WM, bool FP8>
 struct Cfg {
   static constexpr int BM = 16 * WM;       // query rows per CTA
   static constexpr int WN = 8 / WM;        // warps side by side over keys (S) and columns (O)
@@ -72,20 +82,25 @@ struct Cfg {
   static constexpr int NTS = KPW / 8;      // n8 tiles of S per warp
   static constexpr int CPW = D_V / WN;     // output columns per warp
   static constexpr int NTO = CPW / 8;      // n8 tiles of O per warp
-  static constexpr int SMEM_Q = BM * ROWB, SMEM_K = 2 * KTILE, SMEM_P = BM * 128;
-  static constexpr int SMEM = SMEM_Q + SMEM_K + SMEM_P + 2 * WN * BM * 4;
+  // P is kept as two bf16 planes, hi = bf16(p) and lo = bf16(p - hi), so P V is exact to ~2^-16
+  // BF16: two page buffers filled by cp.async. FP8: two raw fp8 staging buffers filled by
+  // cp.async and one bf16 page buffer that the CTA dequantises into before the matrix products.
+  static constexpr int SMEM_Q = BM * QROWB, SMEM_K = FP8 ? KTILE : 2 * KTILE;
+  static constexpr int SMEM_STAGE = FP8 ? 2 * FP8_TILE : 0, SMEM_P = 2 * BM * 128;
+  static constexpr int SMEM = SMEM_Q + SMEM_K + SMEM_STAGE + SMEM_P + 2 * WN * BM * 4;
 };
 
-template <int WM>
+template <int WM, bool FP8>
 __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
-  using C = Cfg<WM>;
+  using C = Cfg<WM, FP8>;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sQ = smem;
   uint8_t* sK = sQ + C::SMEM_Q;
-  uint8_t* sP = sK + C::SMEM_K;
+  uint8_t* sStage = sK + C::SMEM_K;
+  uint8_t* sP = sStage + C::SMEM_STAGE;
   float* sMax = reinterpret_cast<float*>(sP + C::SMEM_P);
   float* sSum = sMax + C::WN * C::BM;
-  const uint32_t uQ = smem_u32(sQ), uK = smem_u32(sK), uP = smem_u32(sP);
+  const uint32_t uQ = smem_u32(sQ), uK = smem_u32(sK), uP = smem_u32(sP), uPl = uP + C::BM * 128;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
@@ -93,10 +108,12 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
   const int row_base = blockIdx.x * C::BM;
   const int* meta = a.meta + blockIdx.y * 8;
   const int b0 = meta[0], k0 = meta[1], b1 = meta[2], k1 = meta[3], first = meta[4];
-  if (b0 >= a.batch || (b0 == b1 && k0 == k1)) return;
+  if (b0 < 0 || b0 >= a.batch || b1 > a.batch || first < 0 || (b0 == b1 && k0 == k1)) return;
   const int last = k1 > 0 ? b1 : b1 - 1;
   const float scale_log2 = a.softmax_scale * LOG2E;
   const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.kcache);
+  const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
+  const uint32_t uStage = smem_u32(sStage);
 
   // the two rows of each lane in the mma C layout
   const int r_loc[2] = {wm * 16 + (lane >> 2), wm * 16 + (lane >> 2) + 8};
@@ -108,6 +125,7 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
     const int kend = min(b == b1 ? k1 : nb, nb);
     const bool split = a.num_splits[b + 1] - a.num_splits[b] > 1;
     const int g = first + (b - b0);
+    if (split && g >= a.batch + a.parts) break;  // inconsistent metadata: never write out of bounds
     const int* bt = a.block_table + (int64_t)b * a.bt_stride;
 
     int lim[2];  // keys visible to each of the lane's rows
@@ -118,13 +136,56 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
     }
 
     auto load_page = [&](int blk, int buf) {
-      const __nv_bfloat16* src = kc + (int64_t)bt[blk] * a.kcache_block_stride;
       const int valid = L - blk * PAGE;  // tokens past it are zero-filled (never read: NaN-safe)
-      const uint32_t dst = uK + buf * KTILE;
+      if constexpr (FP8) {
+        const uint8_t* src = kc8 + (int64_t)bt[blk] * a.kcache_block_stride;
+        const uint32_t dst = uStage + buf * FP8_TILE;
+#pragma unroll 4
+        for (int c = tid; c < PAGE * FP8_CH; c += NT) {
+          const int r = c / FP8_CH;
+          cp_async16(dst + c * 16, src + c * 16, r < valid);
+        }
+      } else {
+        const __nv_bfloat16* src = kc + (int64_t)bt[blk] * a.kcache_block_stride;
+        const uint32_t dst = uK + buf * KTILE;
 #pragma unroll 6
-      for (int c = tid; c < PAGE * RCH; c += NT) {
-        const int r = c / RCH, ch = c - r * RCH;
-        cp_async16(dst + swz(r, ch, ROWB), src + r * D_QK + ch * 8, r < valid);
+        for (int c = tid; c < PAGE * RCH; c += NT) {
+          const int r = c / RCH, ch = c - r * RCH;
+          cp_async16(dst + swz(r, ch, ROWB), src + r * D_QK + ch * 8, r < valid);
+        }
+      }
+    };
+    auto prefetch_page = [&](int blk) {
+      if (FP8) prefetch_l2(kc8 + (int64_t)bt[blk] * a.kcache_block_stride, FP8_TILE);
+      else prefetch_l2(kc + (int64_t)bt[blk] * a.kcache_block_stride, KTILE);
+    };
+    // FP8: staging buffer -> bf16 page (value = e4m3 * scale of its 128-column tile; RoPE copied)
+    auto dequant_page = [&](int buf) {
+      const uint8_t* st = sStage + buf * FP8_TILE;
+#pragma unroll 2
+      for (int it = tid; it < PAGE * 32; it += NT) {
+        const int r = it >> 5, c = it & 31;  // token, 16-value chunk of the NoPE part
+        const uint4 raw = *reinterpret_cast<const uint4*>(st + r * FP8_TOKEN + c * 16);
+        const float sc = *reinterpret_cast<const float*>(st + r * FP8_TOKEN + D_V + (c >> 3) * 4);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t outw[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
+                static_cast<__nv_fp8x2_storage_t>((w[i] >> (16 * hh)) & 0xffffu), __NV_E4M3);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+            outw[2 * i + hh] = pack_bf16(f.x * sc, f.y * sc);
+          }
+        }
+        *reinterpret_cast<uint4*>(sK + swz(r, 2 * c, ROWB)) = make_uint4(outw[0], outw[1], outw[2], outw[3]);
+        *reinterpret_cast<uint4*>(sK + swz(r, 2 * c + 1, ROWB)) = make_uint4(outw[4], outw[5], outw[6], outw[7]);
+      }
+      for (int it = tid; it < PAGE * 8; it += NT) {
+        const int r = it >> 3, c = it & 7;
+        *reinterpret_cast<uint4*>(sK + swz(r, 64 + c, ROWB)) =
+            *reinterpret_cast<const uint4*>(st + r * FP8_TOKEN + D_V + 16 + c * 16);
       }
     };
 
@@ -133,47 +194,95 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
     for (int i = 0; i < C::NTO; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
 
+    uint32_t qr[4][4];  // A fragments of the RoPE columns 512..575 of this warp's 16 rows
     if (kbeg < kend) {
       const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(a.q) + (int64_t)b * m * D_QK;
-      for (int c = tid; c < C::BM * RCH; c += NT) {
-        const int r = c / RCH, ch = c - r * RCH;
+      for (int c = tid; c < C::BM * QCH; c += NT) {
+        const int r = c / QCH, ch = c - r * QCH;
         const bool v = row_base + r < m;
-        cp_async16(uQ + swz(r, ch, ROWB), qb + (int64_t)(v ? row_base + r : 0) * D_QK + ch * 8, v);
+        cp_async16(uQ + swz(r, ch, QROWB), qb + (int64_t)(v ? row_base + r : 0) * D_QK + ch * 8, v);
       }
       load_page(kbeg, 0);
       cp_commit();
+      if (tid == 0) {
+        if (kbeg + 1 < kend) prefetch_page(kbeg + 1);
+        if (kbeg + 2 < kend) prefetch_page(kbeg + 2);
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = row_base + r_loc[e & 1];
+          const int col = D_V + kk * 16 + (lane & 3) * 2 + (e >> 1) * 8;
+          qr[kk][e] = r < m ? *reinterpret_cast<const uint32_t*>(qb + (int64_t)r * D_QK + col) : 0u;
+        }
+      }
     }
 
     for (int blk = kbeg; blk < kend; ++blk) {
       const int buf = (blk - kbeg) & 1;
       if (blk + 1 < kend) load_page(blk + 1, buf ^ 1);
       cp_commit();
+      if (tid == 0 && blk + 3 < kend) prefetch_page(blk + 3);
       cp_wait<1>();
       __syncthreads();
-      const uint32_t uKb = uK + buf * KTILE;
+      if constexpr (FP8) {
+        dequant_page(buf);
+        __syncthreads();
+      }
+      const uint32_t uKb = FP8 ? uK : uK + buf * KTILE;
 
       // ---- S = Q K^T for rows wm*16.., keys wn*KPW..
       float s[C::NTS][4];
 #pragma unroll
       for (int i = 0; i < C::NTS; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll 4
-      for (int kk = 0; kk < D_QK / 16; ++kk) {
-        uint32_t af[4];
-        ldsm_x4(af, uQ + swz(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), ROWB));
+      // with few n8 tiles, alternate two accumulator sets to halve the dependent mma chain
+      constexpr int NACC = C::NTS <= 2 ? 2 : 1;
+      float s2[NACC == 2 ? C::NTS : 1][4];
+#pragma unroll
+      for (int i = 0; i < (NACC == 2 ? C::NTS : 1); ++i) s2[i][0] = s2[i][1] = s2[i][2] = s2[i][3] = 0.f;
+      auto qk_step = [&](const uint32_t (&af)[4], int kk, auto& acc) {
         if constexpr (C::NTS == 1) {
           uint32_t x0, x1;
           ldsm_x2(x0, x1, uKb + swz(wn * C::KPW + (lane & 7), kk * 2 + ((lane >> 3) & 1), ROWB));
-          mma16816(s[0], af, x0, x1);
+          mma16816(acc[0], af, x0, x1);
         } else {
 #pragma unroll
           for (int j = 0; j < C::NTS / 2; ++j) {
             uint32_t x[4];
             ldsm_x4(x, uKb + swz(wn * C::KPW + j * 16 + ((lane >> 4) << 3) + (lane & 7),
                                  kk * 2 + ((lane >> 3) & 1), ROWB));
-            mma16816(s[2 * j], af, x[0], x[1]);
-            mma16816(s[2 * j + 1], af, x[2], x[3]);
+            mma16816(acc[2 * j], af, x[0], x[1]);
+            mma16816(acc[2 * j + 1], af, x[2], x[3]);
           }
         }
+      };
+      if constexpr (NACC == 2) {
+#pragma unroll 2
+        for (int kk = 0; kk < D_V / 16; kk += 2) {
+          uint32_t af[4], ag[4];
+          ldsm_x4(af, uQ + swz(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), QROWB));
+          ldsm_x4(ag, uQ + swz(wm * 16 + (lane & 15), kk * 2 + 2 + (lane >> 4), QROWB));
+          qk_step(af, kk, s);
+          qk_step(ag, kk + 1, s2);
+        }
+        qk_step(qr[0], D_V / 16, s);
+        qk_step(qr[1], D_V / 16 + 1, s2);
+        qk_step(qr[2], D_V / 16 + 2, s);
+        qk_step(qr[3], D_V / 16 + 3, s2);
+#pragma unroll
+        for (int i = 0; i < C::NTS; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i][e] += s2[i][e];
+      } else {
+#pragma unroll 2
+        for (int kk = 0; kk < D_V / 16; ++kk) {
+          uint32_t af[4];
+          ldsm_x4(af, uQ + swz(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), QROWB));
+          qk_step(af, kk, s);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) qk_step(qr[kk], D_V / 16 + kk, s);
       }
 
       // ---- mask, scale to the exp2 domain, row max
@@ -218,8 +327,11 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
           lrow[h] += p0 + p1;
           const int col = wn * C::KPW + nt * 8 + (lane & 3) * 2;
           const int r = r_loc[h];
-          *reinterpret_cast<uint32_t*>(sP + r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) =
-              pack_bf16(p0, p1);
+          const int off = r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2;
+          const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+          *reinterpret_cast<__nv_bfloat162*>(sP + off) = hi;
+          *reinterpret_cast<uint32_t*>(sP + C::BM * 128 + off) =
+              pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi));
         }
       }
       __syncthreads();
@@ -227,8 +339,9 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
       // ---- O += P V for rows wm*16.., columns wn*CPW..
 #pragma unroll
       for (int ks = 0; ks < PAGE / 16; ++ks) {
-        uint32_t af[4];
+        uint32_t af[4], al[4];
         ldsm_x4(af, uP + swz(wm * 16 + (lane & 15), ks * 2 + (lane >> 4), 128));
+        ldsm_x4(al, uPl + swz(wm * 16 + (lane & 15), ks * 2 + (lane >> 4), 128));
 #pragma unroll
         for (int j = 0; j < C::NTO / 2; ++j) {
           uint32_t x[4];
@@ -236,6 +349,8 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
                                  (wn * C::CPW + j * 16) / 8 + (lane >> 4), ROWB));
           mma16816(o[2 * j], af, x[0], x[1]);
           mma16816(o[2 * j + 1], af, x[2], x[3]);
+          mma16816(o[2 * j], al, x[0], x[1]);
+          mma16816(o[2 * j + 1], al, x[2], x[3]);
         }
       }
       __syncthreads();
@@ -308,26 +423,30 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const DecodeArgs a) {
   if (threadIdx.x == 0) a.lse[(int64_t)b * m + hh * a.s_q + i] = mx == NEG_INF ? -NEG_INF : mx + logf(sum);
 }
 
-template <int WM>
+template <int WM, bool FP8>
 cudaError_t launch(const DecodeArgs& a, cudaStream_t st) {
-  using C = Cfg<WM>;
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_kernel<WM>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  using C = Cfg<WM, FP8>;
+  static_assert(C::SMEM <= 232448, "shared memory over the sm_90 limit");
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_kernel<WM, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (e != cudaSuccess) return e;
   const int m = a.s_q * a.h_q;
   dim3 grid((m + C::BM - 1) / C::BM, a.parts);
-  mla_decode_kernel<WM><<<grid, NT, C::SMEM, st>>>(a);
+  mla_decode_kernel<WM, FP8><<<grid, NT, C::SMEM, st>>>(a);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-bool fp8_kernel_built() { return false; }
+bool fp8_kernel_built() { return true; }
 
 const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
-  if (a.is_fp8) return "the FP8 KV cache kernel is not built";
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int m = a.s_q * a.h_q;
-  cudaError_t e = m <= 16 ? launch<1>(a, st) : m <= 32 ? launch<2>(a, st) : launch<4>(a, st);
+  cudaError_t e;
+  if (a.is_fp8)  // 64-row tiles do not fit beside the staging buffers: rows go in tiles of 32
+    e = m <= 16 ? launch<1, true>(a, st) : launch<2, true>(a, st);
+  else
+    e = m <= 16 ? launch<1, false>(a, st) : m <= 32 ? launch<2, false>(a, st) : launch<4, false>(a, st);
   if (e == cudaSuccess) {
     mla_combine_kernel<<<dim3(m, a.batch), 128, 0, st>>>(a);
     e = cudaGetLastError();
