@@ -69,6 +69,7 @@ def test_migration_aware_moves_fewer_with_same_balance(groups):
     mf = eplb.evaluate(new_w, fresh.phy2log, 32, 4, previous=old)
     ma = eplb.evaluate(new_w, aware.phy2log, 32, 4, previous=old)
     assert ma.moved.sum() < mf.moved.sum()
+    assert torch.equal(aware.moved, ma.moved) and fresh.moved is None
     # relabelling changes no load: same per-layer imbalance, or the old plan kept because it is as good
     assert (ma.imbalance <= mf.imbalance + 1e-12).all()
     from test_ref import check_plan

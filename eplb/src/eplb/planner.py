@@ -79,12 +79,14 @@ class Plan:
 
     phy2log: [L, R] int64, logical expert held by each physical slot (slot // (R / num_gpus) is
     its GPU); log2phy: [L, E, max_replicas] int64, slots of each expert, -1 padded; logcnt: [L, E]
-    int64, replicas per expert; solve_time_s: wall time of the solve.
+    int64, replicas per expert; solve_time_s: wall time of the solve; moved: [L] int64 slots whose
+    expert differs from ``previous`` (None when no previous plan was given).
     """
     phy2log: torch.Tensor
     log2phy: torch.Tensor
     logcnt: torch.Tensor
     solve_time_s: float
+    moved: torch.Tensor | None = None
 
 
 def plan_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
@@ -100,7 +102,10 @@ def plan_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_n
     t0 = time.perf_counter()
     out = _C.rebalance(w.numpy(), R, groups, nodes, gpus, bool(refine), bool(spread),
                        float(migration_tolerance), prev)
-    return Plan(*map(torch.from_numpy, out), time.perf_counter() - t0)
+    plan = Plan(*map(torch.from_numpy, out), time.perf_counter() - t0)
+    if prev is not None:
+        plan.moved = (plan.phy2log != torch.from_numpy(prev)).sum(-1)
+    return plan
 
 
 def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
