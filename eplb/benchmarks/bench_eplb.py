@@ -48,7 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--layers", type=int, default=58)
-    ap.add_argument("--repeat", type=int, default=5, help="runs per C++ timing (median)")
+    ap.add_argument("--repeat", type=int, default=11, help="runs per C++ timing (median)")
     args = ap.parse_args()
     rows = []
     ref.rebalance_experts(torch.rand(2, 16), 32, 4, 2, 8)  # warm up torch before timing
