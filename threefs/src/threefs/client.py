@@ -208,17 +208,28 @@ class Client:
         self._map(self.storage.write_chunk, items)
         return mv.nbytes
 
+    def read_into(self, attrs: dict, offset: int, buf) -> int:
+        """Fill `buf` (writable bytes-like) with bytes [offset, offset+len(buf)) of the chunks,
+        straight from the sockets; holes and missing chunks read as zeros."""
+        mv = memoryview(buf).cast("B")
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+
+        def one(idx, ch, off, n, rel):
+            dst = mv[rel:rel + n]
+            got = self.storage.read_chunk(ch, chunk_id(attrs["id"], idx), off, n, into=dst)
+            if got < n:
+                dst[got:] = bytes(n - got)
+        self._map(one, list(self._pieces(attrs["layout"], offset, mv.nbytes)))
+        return mv.nbytes
+
     def read_at(self, attrs: dict, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) of the chunks (holes and missing chunks read as 0)."""
         if offset < 0 or length < 0:
             raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
-        pieces = list(self._pieces(attrs["layout"], offset, length))
-        got = self._map(lambda idx, ch, off, n, rel:
-                        self.storage.read_chunk(ch, chunk_id(attrs["id"], idx), off, n), pieces)
-        out = bytearray(length)
-        for (idx, ch, off, n, rel), d in zip(pieces, got):
-            out[rel:rel + len(d)] = d
-        return bytes(out)
+        buf = bytearray(length)
+        self.read_into(attrs, offset, buf)
+        return bytes(buf)
 
     def pwrite(self, path_or_file, data, offset: int) -> int:
         if isinstance(path_or_file, File):
@@ -262,6 +273,7 @@ class File(io.RawIOBase):
         self.pos = self.size if append else 0
         self._lock = threading.Lock()
         self._closing = False
+        self._wrote = False
 
     @property
     def name(self):
@@ -287,7 +299,7 @@ class File(io.RawIOBase):
         mv = memoryview(b).cast("B")
         n = max(0, min(mv.nbytes, self.size - self.pos))
         if n:
-            mv[:n] = self.client.read_at(self.attrs, self.pos, n)
+            self.client.read_into(self.attrs, self.pos, mv[:n])
         self.pos += n
         return n
 
@@ -295,9 +307,9 @@ class File(io.RawIOBase):
         self._check("read")
         if size is None or size < 0:
             size = max(0, self.size - self.pos)
-        buf = bytearray(size)
+        buf = bytearray(max(0, min(size, self.size - self.pos)))
         n = self.readinto(buf)
-        return bytes(buf[:n])
+        return bytes(buf) if n == len(buf) else bytes(buf[:n])
 
     def readall(self) -> bytes:
         return self.read(-1)
@@ -314,6 +326,7 @@ class File(io.RawIOBase):
         self._check("write")
         n = self.client.write_at(self.attrs, offset, data)
         self.size = max(self.size, offset + n)
+        self._wrote = True
         return n
 
     def pread(self, length: int, offset: int) -> bytes:
@@ -359,7 +372,7 @@ class File(io.RawIOBase):
         try:
             if "write" in self.flags:
                 r = self.client._meta("close", inode=self.attrs["id"], session=self.session,
-                                      length_hint=self.size)
+                                      length_hint=self.size, wrote=self._wrote)
                 self.size = r["attrs"]["size"]
         finally:
             super().close()

@@ -95,7 +95,7 @@ class LocalCluster:
         for i, addr in enumerate(mgmtd_addrs):
             cfgs[f"mgmtd{i + 1}"] = ("mgmtd", {
                 "node_id": f"m{i + 1}", "listen": addr, "secret": self.secret,
-                "kv": {"backend": "sqlite", "path": f"{self.root}/mgmtd.sqlite"},
+                "kv": self.kv or {"backend": "sqlite", "path": f"{self.root}/mgmtd.sqlite"},
                 "lease_s": 1.5, "heartbeat_timeout_s": self.hb_timeout, "tick_s": 0.1,
                 "targets": targets, "chains": chains})
         for i in range(self.n_meta):

@@ -301,7 +301,8 @@ class MetaService:
             raise E("ESTALE", f"inode {iid} no longer exists")
         if sid not in probe.get("sessions", {}):
             raise E("EBADF", "not an open write session of this file")
-        length = self._storage_length(probe)
+        # a session that reports no writes skips the storage query (its hint is then 0)
+        length = self._storage_length(probe) if a.get("wrote", True) else 0
 
         def txn(t):
             ino = self._get(t, iid)

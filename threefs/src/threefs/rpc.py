@@ -72,6 +72,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, view.nbytes
+    while got < n:
+        r = sock.recv_into(view[got:], n - got)
+        if r == 0:
+            raise ProtocolError(f"connection closed after {got} of {n} bytes (truncated frame)")
+        got += r
+
+
 def _secret_bytes(secret) -> bytes:
     if isinstance(secret, str):
         secret = secret.encode()
@@ -108,7 +117,9 @@ class Channel:
                 self.sock.sendall(b[sent:])
                 sent = 0
 
-    def recv(self, kind: int):
+    def recv(self, kind: int, into=None):
+        """(meta dict, data). With `into` (a writable memoryview), data that fits is read
+        straight into it and returned as a memoryview of it."""
         hdr = bytes(_recv_exact(self.sock, HEADER.size + MAC_LEN))
         magic, ver, k, seq, mlen, dlen = HEADER.unpack_from(hdr)
         if magic != b"3F" or ver != 1:
@@ -120,7 +131,11 @@ class Channel:
         if seq != self.recv_seq:
             raise ProtocolError(f"sequence number {seq}, expected {self.recv_seq}")
         meta = _recv_exact(self.sock, mlen)
-        data = _recv_exact(self.sock, dlen) if dlen else None
+        if dlen and into is not None and dlen <= into.nbytes:
+            data = into[:dlen]
+            _recv_into(self.sock, data)
+        else:
+            data = _recv_exact(self.sock, dlen) if dlen else None
         want = _mac(self.key, hdr[:HEADER.size], meta, [data] if data else [])
         if not hmac.compare_digest(want, hdr[HEADER.size:]):
             raise ProtocolError("bad frame MAC")
@@ -297,14 +312,16 @@ class Client:
         ch.close()
 
     def call(self, addr: str, method: str, args: dict | None = None, data=None,
-             timeout: float | None = None):
-        """Returns (result dict, data bytearray|None); raises RpcError or ConnectionError."""
+             timeout: float | None = None, into=None):
+        """Returns (result dict, data bytearray|None); raises RpcError or ConnectionError.
+
+        into: optional writable buffer for the answer's data (then returned as a memoryview)."""
         meta = {"m": method, **(args or {})}
         ch = self._get(addr)
         try:
             ch.sock.settimeout(timeout or self.timeout)
             ch.send(0, meta, data)
-            res, rdata = ch.recv(1)
+            res, rdata = ch.recv(1, None if into is None else memoryview(into).cast("B"))
         except (OSError, ProtocolError) as e:
             ch.close()
             if isinstance(e, ConnectionError):

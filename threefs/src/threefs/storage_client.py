@@ -83,8 +83,9 @@ class StorageClient:
                                                  "truncate_to": truncate_to}, data)[0]
         return self._retry(f"write chunk {cid.hex()}", op)
 
-    def read_chunk(self, chain_id: int, cid: bytes, offset: int, length: int):
-        """Committed bytes of a chunk (b'' when it does not exist)."""
+    def read_chunk(self, chain_id: int, cid: bytes, offset: int, length: int, into=None):
+        """Committed bytes of a chunk (b'' when it does not exist). With `into` (a writable
+        buffer of >= length bytes) the bytes land there and their count is returned."""
         def op():
             c = self._chain(chain_id)
             serving = Routing.serving(c)
@@ -102,7 +103,9 @@ class StorageClient:
                 try:
                     res, d = self.rpc.call(addr, "read", {"chain": chain_id, "chain_ver": c["ver"],
                                                           "chunk": cid.hex(), "offset": offset,
-                                                          "length": length})
+                                                          "length": length}, into=into)
+                    if into is not None:
+                        return 0 if d is None else d.nbytes
                     return bytes(d) if d is not None else b""
                 except rpc.RpcError as e:
                     if e.code not in RETRY_CODES | {"CHECKSUM"}:

@@ -1,0 +1,224 @@
+"""threefs I/O and metadata benchmark on a local 3-node, 3-replica cluster, beside the local
+file system underneath (same workload, plain Python os.pread/os.pwrite) and fio.
+
+    python threefs/benchmarks/bench_io.py [--size-mib 128] [--procs 1,2,4] [--json out.json]
+
+Workloads (per row, P client processes, each with its own file; reads use readinto):
+  seq-write  1 MiB blocks;  seq-read  1 MiB blocks;  rand-read  4 KiB at random offsets;
+  meta create / stat / unlink of empty files (1 process).
+Everything runs on this machine: storage processes, clients and the peers share its CPU cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 1 << 20
+
+
+# --- workers (run in child processes) -------------------------------------------------------------
+def _tfs_worker(args):
+    kind, mgmtd, secret, path, size, nrand, seed, barrier_t = args
+    import threefs
+    fs = threefs.Client(mgmtd, secret, uid=0, gid=0, io_threads=1)
+    buf = os.urandom(MiB)
+    while time.time() < barrier_t:
+        time.sleep(0.001)
+    t = time.perf_counter()
+    if kind == "seq-write":
+        with fs.open(path, "wb") as f:
+            for off in range(0, size, MiB):
+                f.pwrite(buf, off)
+        n = size
+    elif kind == "seq-read":
+        rbuf = bytearray(MiB)
+        with fs.open(path, "rb") as f:
+            n = 0
+            while True:
+                k = f.readinto(rbuf)
+                if not k:
+                    break
+                n += k
+    else:
+        rng = random.Random(seed)
+        with fs.open(path, "rb") as f:
+            for _ in range(nrand):
+                f.pread(4096, rng.randrange(size // 4096) * 4096)
+        n = nrand * 4096
+    dt = time.perf_counter() - t
+    fs.close()
+    return n, dt
+
+
+def _local_worker(args):
+    kind, _, _, path, size, nrand, seed, barrier_t = args
+    buf = os.urandom(MiB)
+    while time.time() < barrier_t:
+        time.sleep(0.001)
+    t = time.perf_counter()
+    if kind == "seq-write":
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for off in range(0, size, MiB):
+            os.pwrite(fd, buf, off)
+        os.close(fd)
+        n = size
+    elif kind == "seq-read":
+        rbuf = bytearray(MiB)
+        n = 0
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                k = f.readinto(rbuf)
+                if not k:
+                    break
+                n += k
+    else:
+        rng = random.Random(seed)
+        fd = os.open(path, os.O_RDONLY)
+        for _ in range(nrand):
+            os.pread(fd, 4096, rng.randrange(size // 4096) * 4096)
+        os.close(fd)
+        n = nrand * 4096
+    return n, time.perf_counter() - t
+
+
+def run_parallel(worker, kind, procs, ctx_args, paths, size, nrand):
+    mgmtd, secret = ctx_args
+    start = time.time() + 0.5 + 0.2 * procs
+    jobs = [(kind, mgmtd, secret, paths[i], size, nrand, i, start) for i in range(procs)]
+    with mp.get_context("fork").Pool(procs) as pool:
+        t = time.perf_counter()
+        res = pool.map(worker, jobs)
+    total = sum(n for n, _ in res)
+    wall = max(dt for _, dt in res)
+    return total, wall
+
+
+def fio(kind, procs, size, directory, nrand):
+    if shutil.which("fio") is None:
+        return None
+    rw = {"seq-write": "write", "seq-read": "read", "rand-read": "randread"}[kind]
+    bs = "4k" if kind == "rand-read" else "1M"
+    cmd = ["fio", "--name=b", f"--rw={rw}", f"--bs={bs}", f"--size={size}",
+           f"--numjobs={procs}", f"--directory={directory}", "--ioengine=psync",
+           "--group_reporting", "--output-format=json", "--end_fsync=0"]
+    if kind == "rand-read":
+        cmd.append(f"--number_ios={nrand}")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        return None
+    j = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    side = j["write"] if kind == "seq-write" else j["read"]
+    return side["bw_bytes"] / MiB
+
+
+def meta_bench(fs, local_dir, n):
+    out = {}
+    fs.mkdir("/mb")
+    t = time.perf_counter()
+    for i in range(n):
+        fs.open(f"/mb/f{i}", "wb").close()
+    out["create"] = n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(n):
+        fs.stat(f"/mb/f{i}")
+    out["stat"] = n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(n):
+        fs.remove(f"/mb/f{i}")
+    out["unlink"] = n / (time.perf_counter() - t)
+    loc = {}
+    d = os.path.join(local_dir, "mb")
+    os.makedirs(d, exist_ok=True)
+    t = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+    loc["create"] = n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(n):
+        os.stat(f"{d}/f{i}")
+    loc["stat"] = n / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(n):
+        os.unlink(f"{d}/f{i}")
+    loc["unlink"] = n / (time.perf_counter() - t)
+    return out, loc
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mib", type=int, default=128, help="total MiB per workload")
+    ap.add_argument("--procs", default="1,2,4")
+    ap.add_argument("--rand-reads", type=int, default=2000, help="4 KiB reads per process")
+    ap.add_argument("--meta-ops", type=int, default=500)
+    ap.add_argument("--fsync", default="none", choices=["none", "data", "full"])
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    from threefs import LocalCluster, __version__
+
+    root = tempfile.mkdtemp(prefix="threefs-bench-", dir=a.dir)
+    rows = []
+    try:
+        cl = LocalCluster(os.path.join(root, "cluster"), 3, 3, fsync=a.fsync).start()
+        local = os.path.join(root, "local")
+        os.makedirs(local)
+        fs = cl.client(uid=0, gid=0)
+        try:
+            for p in [int(x) for x in a.procs.split(",")]:
+                per = (a.size_mib * MiB) // p // MiB * MiB
+                tpaths = [f"/b{p}_{i}" for i in range(p)]
+                lpaths = [f"{local}/b{p}_{i}" for i in range(p)]
+                for kind in ("seq-write", "seq-read", "rand-read"):
+                    n, dt = run_parallel(_tfs_worker, kind, p, (cl.mgmtd_addrs, cl.secret),
+                                         tpaths, per, a.rand_reads)
+                    ln, ldt = run_parallel(_local_worker, kind, p, (None, None), lpaths, per,
+                                           a.rand_reads)
+                    fdir = os.path.join(root, f"fio{p}")
+                    os.makedirs(fdir, exist_ok=True)
+                    fio_v = fio(kind, p, per, fdir, a.rand_reads)
+                    if kind == "rand-read":
+                        ours, peer = n / 4096 / dt, ln / 4096 / ldt
+                        fio_v = fio_v * MiB / 4096 if fio_v else None
+                        unit = "IOPS"
+                    else:
+                        ours, peer = n / MiB / dt, ln / MiB / ldt
+                        unit = "MiB/s"
+                    rows.append({"workload": kind, "procs": p, "unit": unit, "threefs": ours,
+                                 "local_fs": peer, "fio": fio_v, "ratio": ours / peer})
+                    print(f"{kind:10s} procs={p}  threefs {ours:9.1f} {unit:5s}  local fs "
+                          f"{peer:9.1f}  fio {fio_v if fio_v is None else round(fio_v, 1)}  "
+                          f"ratio {ours / peer:.3f}", flush=True)
+            m, lm = meta_bench(fs, local, a.meta_ops)
+            for k in ("create", "stat", "unlink"):
+                rows.append({"workload": f"meta-{k}", "procs": 1, "unit": "ops/s",
+                             "threefs": m[k], "local_fs": lm[k], "fio": None,
+                             "ratio": m[k] / lm[k]})
+                print(f"meta-{k:6s} procs=1  threefs {m[k]:9.1f} ops/s  local fs {lm[k]:9.1f}  "
+                      f"ratio {m[k] / lm[k]:.4f}", flush=True)
+        finally:
+            fs.close()
+            cl.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print("\n| workload | procs | threefs | local fs | fio | unit | threefs / local fs |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        f = "-" if r["fio"] is None else f"{r['fio']:.1f}"
+        print(f"| {r['workload']} | {r['procs']} | {r['threefs']:.1f} | {r['local_fs']:.1f} | {f} "
+              f"| {r['unit']} | {r['ratio']:.3f} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"version": __version__, "fsync": a.fsync, "size_mib": a.size_mib,
+                       "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
