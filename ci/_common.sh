@@ -43,6 +43,7 @@ setup_venv() {
 install_package() {
   local p="$1" t0; t0=$(now)
   local log="$LOGS/$p-build.log"
+  install_system_packages "$p" >"$log" 2>&1 || { tail -30 "$log" >&2; return 1; }
   if ! "$PY" -m pip install "./$p" >"$log" 2>&1; then
     echo "$p: BUILD FAILED after $(( $(now) - t0 ))s; last lines of $log:" >&2
     tail -30 "$log" >&2
@@ -52,6 +53,19 @@ install_package() {
     "$PY" -m pip install -r "$p/requirements-test.txt" >>"$log" 2>&1 || { tail -30 "$log" >&2; return 1; }
   fi
   echo $(( $(now) - t0 ))
+}
+
+# Debian packages a package's tests need (one per line in <pkg>/apt-packages.txt), e.g. etcd-server
+install_system_packages() {
+  local f="$ROOT/$1/apt-packages.txt" missing=() d
+  [ -f "$f" ] || return 0
+  while read -r d; do
+    [ -n "$d" ] && [ "${d#\#}" = "$d" ] || continue
+    dpkg -s "$d" >/dev/null 2>&1 || missing+=("$d")
+  done <"$f"
+  [ ${#missing[@]} -gt 0 ] || return 0
+  local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 }
 
 # the version a package declares in src/<pkg>/_version.py
