@@ -98,3 +98,29 @@ def test_meta_and_mgmtd_failover_and_corruption(cluster, tmp_path):
         rc.close()
     finally:
         fs.close()
+
+
+def test_fill_disk_gives_enospc_and_corrupts_nothing(tmp_path):
+    with LocalCluster(str(tmp_path / "full"), 3, 3, chains=1, capacity=3 * 1024 * 1024) as c:
+        fs = c.client(uid=0, gid=0, deadline_s=20)
+        keep = os.urandom(1_000_000)
+        with fs.open("/keep", "wb") as f:
+            f.write(keep)
+        with pytest.raises(OSError) as ei:
+            with fs.open("/fill", "wb") as f:
+                for i in range(10):
+                    f.write(os.urandom(1 << 20))
+        assert ei.value.errno == 28  # ENOSPC, reported as such
+        assert fs.pread("/keep", len(keep), 0) == keep
+        assert faults.replicas_identical(c)
+        fs.remove("/fill")  # space comes back after garbage collection
+        end = time.time() + 20
+        while True:
+            try:
+                with fs.open("/again", "wb") as f:
+                    f.write(os.urandom(1 << 20))
+                break
+            except OSError:
+                assert time.time() < end
+                time.sleep(0.2)
+        fs.close()

@@ -276,3 +276,22 @@ def test_cli(cluster, tmp_path):
     assert b"a.bin" not in run("ls", "/cli")
     out = run("status").decode()
     assert "chain" in out and "serving" in out and "storage" in out
+
+
+def test_read_batch_matches_pread(fs):
+    rng = random.Random(21)
+    fs.mkdir("/batch", chunk_size=64 * 1024)
+    blobs = {}
+    for i in range(3):
+        blobs[f"/batch/f{i}"] = rng.randbytes(rng.randrange(100_000, 400_000))
+        with fs.open(f"/batch/f{i}", "wb") as f:
+            f.write(blobs[f"/batch/f{i}"])
+    reqs = []
+    for _ in range(40):
+        p = rng.choice(sorted(blobs))
+        off = rng.randrange(len(blobs[p]) + 10)
+        reqs.append((p, off, rng.randrange(0, 150_000)))
+    got = fs.read_batch(reqs)
+    assert got == [blobs[p][off:off + n] for p, off, n in reqs]
+    with pytest.raises(ValueError):
+        fs.read_batch([("/batch/f0", -1, 5)])

@@ -247,8 +247,24 @@ class Client:
         return self.read_at(attrs, offset, length)
 
     def read_batch(self, requests) -> list[bytes]:
-        """requests: [(path or File, offset, length)] -> list of bytes, read in parallel."""
-        return self._map(lambda f, off, n: self.pread(f, n, off), list(requests))
+        """requests: [(path or File, offset, length)] -> list of bytes (clamped to file size).
+        The chunk pieces of all requests go out as one batch_read RPC per storage node."""
+        plan, reqs, bufs, outs = [], [], [], []
+        for f, off, n in requests:
+            attrs = f.attrs if isinstance(f, File) else self.stat(f)
+            size = f.size if isinstance(f, File) else attrs["size"]
+            if off < 0 or n < 0:
+                raise ValueError(f"offset and length must be >= 0, got {off}, {n}")
+            n = max(0, min(n, size - off))
+            out = bytearray(n)
+            outs.append(out)
+            mv = memoryview(out)
+            for idx, ch, coff, k, rel in self._pieces(attrs["layout"], off, n):
+                reqs.append((ch, chunk_id(attrs["id"], idx), coff, k))
+                bufs.append(mv[rel:rel + k])
+        if reqs:
+            self.storage.batch_read(reqs, bufs)
+        return [bytes(o) for o in outs]
 
     def close(self):
         if self._pool is not None:

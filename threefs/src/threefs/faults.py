@@ -176,7 +176,7 @@ def run_campaign(cluster, nodes=None, writers: int = 2, readers: int = 2, pause_
         f.close()
     identical = replicas_identical(cluster)
     fs.close()
-    synced = sum(1 for n in nodes if (n, "syncing") in seen and (n, "offline") in seen)
+    synced = sum(1 for n in set(nodes) if (n, "syncing") in seen and (n, "offline") in seen)
     return {**ck.stats, "faults": faults, "nodes_seen_offline_syncing_serving": synced,
             "acked_writes_lost": lost, "replicas_identical": identical,
             "seconds": round(time.time() - t0, 1)}

@@ -137,3 +137,44 @@ class StorageClient:
             return self.rpc.call(self.routing.addr_of(wl[0]["id"]), "remove_inode",
                                  {"chain": chain_id, "chain_ver": c["ver"], "inode": inode})[0]
         return self._retry("remove_inode", op)
+
+    def batch_read(self, reqs, bufs) -> None:
+        """reqs: [(chain, chunk id, offset, length)], bufs: matching writable buffers.
+        One batch_read RPC per storage node (a random serving replica per chain); items the
+        node refuses (not committed, checksum, version) fall back to read_chunk."""
+        groups: dict[str, list[int]] = {}
+        for i, (ch, cid, off, n) in enumerate(reqs):
+            c = self.routing.chain(ch)
+            serving = Routing.serving(c) if c else []
+            addr = self.routing.addr_of(random.choice(serving)["id"]) if serving else None
+            groups.setdefault(addr or "", []).append(i)
+        retry = list(groups.pop("", []))
+        for addr, idx in groups.items():
+            items = []
+            for i in idx:
+                ch, cid, off, n = reqs[i]
+                items.append({"chain": ch, "chain_ver": self.routing.chain(ch)["ver"],
+                              "chunk": cid.hex(), "offset": off, "length": n})
+            try:
+                res, data = self.rpc.call(addr, "batch_read", {"reqs": items})
+            except (ConnectionError, rpc.RpcError):
+                retry += idx
+                continue
+            mv = memoryview(data if data is not None else b"").cast("B")
+            pos = 0
+            for i, r in zip(idx, res["res"]):
+                dst = memoryview(bufs[i]).cast("B")
+                if "err" in r:
+                    retry.append(i)
+                    continue
+                n = r["n"]
+                dst[:n] = mv[pos:pos + n]
+                if n < dst.nbytes:
+                    dst[n:] = bytes(dst.nbytes - n)
+                pos += n
+        for i in retry:
+            ch, cid, off, n = reqs[i]
+            dst = memoryview(bufs[i]).cast("B")
+            got = self.read_chunk(ch, cid, off, n, into=dst)
+            if got < n:
+                dst[got:] = bytes(n - got)
