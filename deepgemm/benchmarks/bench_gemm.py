@@ -30,7 +30,7 @@ CONTIG = [(4, 8192), (8, 4096)]            # (groups, rows per group)
 MASKED = [(1, 256), (8, 64), (32, 32), (32, 256)]  # (groups, rows per group)
 
 
-def time_graph(fns, reps: int = 7) -> float:
+def time_graph(fns, reps: int = 5) -> float:
     """Seconds per call: fns is a list of closures (one per input copy); one graph runs them all."""
     for f in fns:
         f()
@@ -53,7 +53,7 @@ def time_graph(fns, reps: int = 7) -> float:
 
 
 def n_copies(bytes_per_call: int) -> int:
-    return max(1, min(16, math.ceil(200e6 / bytes_per_call)))
+    return max(1, min(8, math.ceil(150e6 / bytes_per_call)))
 
 
 _blockwise_layout = None
@@ -176,8 +176,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
-    ap.add_argument("--compare-epilogue", action="store_true",
-                    help="also time the direct and the staged BF16 epilogue on a few dense shapes")
+    ap.add_argument("--compare", default=None, metavar="ENV=V1,V2",
+                    help="also time our kernels under each value of an environment switch on small-M shapes, "
+                         "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_EPILOGUE=direct,staged")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device")
@@ -199,15 +200,19 @@ def main():
             rows.append(bench_masked(g, mg, n, k))
             print(json.dumps(rows[-1]), flush=True)
     variants = []
-    if args.compare_epilogue:
+    if args.compare:
         import os
-        for m, n, k in [(64, 7168, 2048), (128, 7168, 2048), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 24576, 1536)]:
+        env, values = args.compare.split("=")
+        cases = [("dense", 1, 7168, 16384), ("dense", 64, 7168, 2048), ("dense", 64, 2112, 7168),
+                 ("dense", 128, 7168, 2048), ("dense", 64, 4096, 7168), ("masked", 8, 4096, 7168)]
+        for layout, m, n, k in cases:
             res = {}
-            for epi in ("direct", "staged"):
-                os.environ["DEEPGEMM_EPILOGUE"] = epi
-                res[epi] = bench_dense(m, n, k, with_ref=False)["ours_tflops"]
-            os.environ.pop("DEEPGEMM_EPILOGUE")
-            variants.append({"m": m, "n": n, "k": k, **res})
+            for val in values.split(","):
+                os.environ[env] = val
+                res[val] = (bench_dense(m, n, k, with_ref=False) if layout == "dense"
+                            else bench_masked(m, 64, n, k))["ours_tflops"]
+            os.environ.pop(env)
+            variants.append({"env": env, "layout": layout, "m": m, "n": n, "k": k, **res})
             print(json.dumps(variants[-1]), flush=True)
     from deepgemm.jit import compiler
     compiles = [(r.params.get("kind"), r.params.get("n"), r.params.get("k"), r.params.get("bm"), r.params.get("bn"),
@@ -231,7 +236,8 @@ def main():
           f"M<=128 {summary['geomean_speedup_dense_m_le_128']:.2f}x; max dense {summary['max_dense_tflops']:.0f} TFLOPS")
     print("cold compiles (kind, N, K, BM, BN, backend, s):", compiles)
     for v in variants:
-        print(f"epilogue M={v['m']} N={v['n']} K={v['k']}: direct {v['direct']:.0f} / staged {v['staged']:.0f} TFLOPS")
+        vals = ", ".join(f"{key}={v[key]:.0f}" for key in v if key not in ("env", "layout", "m", "n", "k"))
+        print(f"{v['env']} {v['layout']} M={v['m']} N={v['n']} K={v['k']}: {vals} TFLOPS")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "summary": summary, "epilogue_variants": variants, "device": torch.cuda.get_device_name(),

@@ -14,7 +14,7 @@ if [ "$MODE" != bench ]; then
     ${KEXPR:+-k "$KEXPR"} -rf 2>&1 | tee $OUT/gpu_tests.log | tail -40
 fi
 if [ "$MODE" != tests ]; then
-  BARGS=$([ "$MODE" = full ] && echo "--compare-epilogue" || echo "--quick")
+  BARGS=$([ "$MODE" = full ] && echo "--compare DEEPGEMM_KSPLIT=0,1" || echo "--quick")
   timeout ${BENCH_TIMEOUT:-200} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
 fi
 python3 - <<'PY' > $OUT/compiles.txt

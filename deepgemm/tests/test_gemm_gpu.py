@@ -201,15 +201,18 @@ def test_backends_and_cache_reuse(tmp_path):
         assert be in first and "cache" in second and be not in second, (first, second)
 
 
+@pytest.mark.parametrize("ksplit", ["0", "1"])
 @pytest.mark.parametrize("epi", ["direct", "staged"])
 @pytest.mark.parametrize("num_sms", [132, 77])
-def test_epilogues_and_block_sizes(epi, num_sms, monkeypatch):
-    """Both BF16 epilogues, with C; other SM counts give other BN (tiles straddling B scale blocks)."""
+def test_epilogues_and_block_sizes(epi, num_sms, ksplit, monkeypatch):
+    """Both BF16 epilogues, with C, with and without the K split of small-M tiles; other SM counts
+    give other BN (tiles straddling B scale blocks)."""
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", ksplit)
     old = dg.get_num_sms()
     dg.set_num_sms(num_sms)
     try:
-        for m, n, k in [(1000, 2112, 7168), (64, 7168, 2048), (129, 24576, 1536)]:
+        for m, n, k in [(1000, 2112, 7168), (64, 7168, 2048), (129, 24576, 1536), (3, 4096, 384), (40, 2112, 128)]:
             x, y = _rand((m, k), m), _rand((n, k), n)
             a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
             c = torch.randn(m, n, device=DEV)

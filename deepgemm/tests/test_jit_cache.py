@@ -28,7 +28,7 @@ def test_cache_key_depends_on_everything():
     c1 = kernels.Config(0, True, 0, 0, 7168, 2048, 128, 128, 6)
     c2 = kernels.Config(0, True, 0, 0, 7168, 4096, 128, 128, 6)
     assert kernels.kernel_source(c1) != kernels.kernel_source(c2)
-    assert "gemm_body<0, true, 0, 0, 7168, 2048, 128, 128, 6, 0>" in kernels.kernel_source(c1)
+    assert "gemm_body<0, true, 0, 0, 7168, 2048, 128, 128, 6, 0, 0>" in kernels.kernel_source(c1)
 
 
 def test_build_caches_on_disk(cache):

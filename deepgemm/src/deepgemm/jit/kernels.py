@@ -17,6 +17,7 @@ from ..utils import ceil_div, get_num_sms
 from . import compiler, runtime
 
 EPILOGUE_DEFAULT = "staged"  # DEEPGEMM_EPILOGUE=direct|staged overrides (BF16 output only)
+KSPLIT_DEFAULT = "1"  # FP8 with BM = 64: split K between two consumer warpgroups; DEEPGEMM_KSPLIT=0|1 overrides
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -38,23 +39,25 @@ class Config:
     bn: int
     stages: int
     epi: int = 0  # 1: staged (shared memory, 16-byte coalesced stores) BF16 epilogue
+    ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
 
     @property
     def threads(self) -> int:
-        return 128 * (self.bm // 64 + 1)
+        return 128 * ((2 if self.ksplit else self.bm // 64) + 1)
 
 
-def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0) -> int:
+def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0) -> int:
     """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh."""
     sfa = bm * 4 if fp8 else 0
     staging = (bm // 64) * 64 * (bn * 2 + 16) if epi else 0
-    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging
+    red = 128 * (bn // 2) * 4 if ksplit else 0
+    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging + red
 
 
-def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0) -> int:
+def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0) -> int:
     kb = k // (128 if fp8 else 64)
     s = cap
-    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi) > SMEM_LIMIT:
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit) > SMEM_LIMIT:
         s -= 1
     return max(1, min(s, max(kb, 2)))
 
@@ -85,8 +88,9 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True) -
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
     bm, bn = choose_blocks(m_hint, n, groups, get_num_sms(), fp8)
     epi = 1 if d.dtype == torch.bfloat16 and os.environ.get("DEEPGEMM_EPILOGUE", EPILOGUE_DEFAULT) == "staged" else 0
+    ksplit = int(fp8 and bm == 64 and k >= 256 and os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT) == "1")
     return Config(KINDS[kind], fp8, OUT_CODE[d.dtype], C_CODE[None if c is None else c.dtype], n, k, bm, bn,
-                  max_stages(fp8, k, bm, bn, epi=epi), epi)
+                  max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit), epi, ksplit)
 
 
 # source generation
@@ -112,7 +116,7 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
 
 def kernel_source(cfg: Config) -> str:
     args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
-            f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}")
+            f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}")
     return (
         f"// deepgemm kernel {asdict(cfg)}\n"
         + compiler.read_header()
@@ -120,8 +124,8 @@ def kernel_source(cfg: Config) -> str:
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1) deepgemm_kernel(\n'
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c,\n"
-        "    const int* grouped, int M, int num_groups) {\n"
-        f"  dg::gemm_body<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups);\n"
+        "    const int* grouped, int M, int num_groups, int a_box_rows, int sfa_box) {\n"
+        f"  dg::gemm_body<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups, a_box_rows, sfa_box);\n"
         "}\n"
     )
 
@@ -146,7 +150,8 @@ def get_kernel(cfg: Config) -> runtime.Kernel:
                     raise
                 warnings.warn(f"deepgemm: NVRTC failed, retrying with nvcc: {str(exc)[:300]}")
                 cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
-            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi))
+            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi,
+                                                                          cfg.ksplit))
             _kernels[cfg] = kern
     return kern
 
@@ -162,21 +167,24 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
     dt = runtime.DT_UINT8 if cfg.fp8 else runtime.DT_BFLOAT16
     esize = a.element_size()
     rows_a, rows_b = a.numel() // k, b.numel() // k
-    tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, cfg.bm, runtime.SWIZZLE_128B)
+    # small M: load only the rows that exist (rounded to the 8-row swizzle atom), not BM
+    a_box = min(cfg.bm, ceil_div(m_sched, 8) * 8)
+    sfa_box = min(cfg.bm, ceil_div(m_sched, 4) * 4)
+    tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, a_box, runtime.SWIZZLE_128B)
     tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, cfg.bn, runtime.SWIZZLE_128B)
     if cfg.fp8:
         # sfa: [(G,) M, KB] MN-major with the MN stride padded to 4: a row-major [(G*)KB, M_al] view
         m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else ceil_div(sfa.shape[-2], 4) * 4
         outer = sfa.shape[-1] * (sfa.shape[0] if sfa.dim() == 3 else 1)
         tma_sfa = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, sfa.shape[-2], outer, m_al * 4,
-                                        cfg.bm, 1, runtime.SWIZZLE_NONE)
+                                        sfa_box, 1, runtime.SWIZZLE_NONE)
     else:
         tma_sfa = _NULL_DESC
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa,
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),
             vp(c.data_ptr() if c is not None else 0), vp(grouped.data_ptr() if grouped is not None else 0),
-            ctypes.c_int(m_sched), ctypes.c_int(num_groups)]
+            ctypes.c_int(m_sched), ctypes.c_int(num_groups), ctypes.c_int(a_box), ctypes.c_int(sfa_box)]
     grid = max(1, min(get_num_sms(), tiles))
     kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid,
                 cfg.threads, args)

@@ -121,27 +121,32 @@ struct Scheduler {
 };
 
 // ---- shared-memory plan (the host computes the same total in deepgemm/jit/kernels.py) --------
-template <bool FP8, int K, int BM, int BN, int STAGES, int NUM_MATH_WG, int EPI>
+template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT>
 struct SmemPlan {
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 ? BM * 4 : 0;
   static constexpr int kPitch = BN * 2 + 16;  // staged BF16 epilogue: padded rows, conflict-free writes
-  static constexpr int kEpiBytes = EPI ? NUM_MATH_WG * 64 * kPitch : 0;
-  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES + kEpiBytes;
+  static constexpr int kEpiBytes = EPI ? (BM / 64) * 64 * kPitch : 0;
+  static constexpr int kRedBytes = KSPLIT ? 128 * (BN / 2) * 4 : 0;  // K-split partial sums
+  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES + kEpiBytes + kRedBytes;
 };
 
 // EPI = 0: registers -> global directly (any output type); EPI = 1 (BF16 output): registers ->
 // padded shared-memory tile -> 16-byte coalesced global stores.
-template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI>
+// KSPLIT = 1 (FP8, BM = 64): two consumer warpgroups share each 64-row tile, taking alternate K
+// blocks; warpgroup 1 hands its partial sums to warpgroup 0 through shared memory at the end.
+template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
-                                          int M, int num_groups) {
-  constexpr int NUM_MATH_WG = BM / 64;
+                                          int M, int num_groups, int a_box_rows, int sfa_box) {
+  constexpr int NUM_MATH_WG = KSPLIT ? 2 : BM / 64;
+  constexpr int KSTEP = KSPLIT ? 2 : 1;
+  static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
   constexpr int KEL = FP8 ? 128 : 64;  // elements per 128-byte K block
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + BN - 1) / BN;
-  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, NUM_MATH_WG, EPI>;
+  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT>;
   static_assert(EPI == 0 || OUT == kOutBF16, "staged epilogue is BF16-only");
   constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
   static_assert(BM == 64 || BM == 128, "BM");
@@ -156,7 +161,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const u32 sA = base, sB = sA + STAGES * A_BYTES, sSFA = sB + STAGES * B_BYTES;
   const u32 bars = sSFA + STAGES * SFA_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
   const float* sfa_smem = reinterpret_cast<const float*>(smem + (sSFA - base));
-  unsigned char* epi_smem = smem + (bars - base) + 16 * STAGES;  // [NUM_MATH_WG][64][kPitch]
+  unsigned char* epi_smem = smem + (bars - base) + 16 * STAGES;  // [BM / 64][64][kPitch]
+  float* red_smem = reinterpret_cast<float*>(epi_smem + Plan::kEpiBytes);  // [BN / 2][128]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   if (tid == 0) {
@@ -166,7 +172,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + 8 * s, 1);
-      mbar_init(bars + 8 * (STAGES + s), NUM_MATH_WG * 4);
+      mbar_init(bars + 8 * (STAGES + s), KSPLIT ? 4 : NUM_MATH_WG * 4);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -193,7 +199,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           const u32 s = it % STAGES, ph = (it / STAGES) & 1;
           const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
           mbar_wait(empty, ph ^ 1);
-          mbar_expect_tx(full, A_BYTES + B_BYTES + SFA_BYTES);
+          // A's box may be shorter than BM when M is (rows past it hold stale data: never stored)
+          mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + (FP8 ? sfa_box * 4 : 0));
           tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * KEL, a_row);
           tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row);
           if (FP8) tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BM, sf_y0 + kb);
@@ -203,8 +210,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     return;
   }
 
-  // consumer warpgroups: rows [wg*64, wg*64+64) of the tile
+  // consumer warpgroups: rows [wrow*64, wrow*64+64) of the tile, K blocks kw, kw + KSTEP, ...
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int wrow = KSPLIT ? 0 : wg, kw = KSPLIT ? wg : 0;
   const int wwarp = warp % 4;
   const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
   Scheduler<KIND, BM, NB> sched(M, num_groups, grouped);
@@ -222,8 +230,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   float sb0_next = 0.f, sb1_next = 0.f;
   if (FP8 && have) {
     sfb_tile(n_blk, g, sfb_row0, sfb_step);
-    sb0_next = sfb_row0[0];
-    sb1_next = sfb_row0[sfb_step];
+    sb0_next = sfb_row0[kw];
+    sb1_next = sfb_row0[sfb_step + kw];
   }
   u32 it = 0;
   while (have) {
@@ -237,56 +245,90 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
 
-    for (int kb = 0; kb < KB; ++kb, ++it) {
-      const u32 s = it % STAGES, ph = (it / STAGES) & 1;
-      float sb0 = 0.f, sb1 = 0.f;
-      if constexpr (FP8) {
-        sb0 = sb0_next; sb1 = sb1_next;
-        if (kb + 1 < KB) {
-          sb0_next = sfb_row0[kb + 1]; sb1_next = sfb_row0[sfb_step + kb + 1];
-        } else if (have_next) {
-          sb0_next = nrow[0]; sb1_next = nrow[nstep];
+    // scales of K block kb: B's were prefetched (sb*_next), A's come with the stage
+    auto take_scales = [&](int kb, u32 s, float (&sc)[4]) {
+      const float sb0 = sb0_next, sb1 = sb1_next;
+      if (kb + KSTEP < KB) {
+        sb0_next = sfb_row0[kb + KSTEP]; sb1_next = sfb_row0[sfb_step + kb + KSTEP];
+      } else if (have_next) {
+        sb0_next = nrow[kw]; sb1_next = nrow[nstep + kw];
+      }
+      const float sa0 = sfa_smem[s * BM + wrow * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wrow * 64 + r_in_wg + 8];
+      sc[0] = sa0 * sb0; sc[1] = sa1 * sb0; sc[2] = sa0 * sb1; sc[3] = sa1 * sb1;
+    };
+    auto promote = [&](const float (&t)[BN / 2], const float (&sc)[4]) {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const bool second = j * 8 + (lane % 4) * 2 >= boundary;
+        const float t0 = second ? sc[2] : sc[0], t1 = second ? sc[3] : sc[1];
+        acc[j * 4 + 0] += t[j * 4 + 0] * t0;
+        acc[j * 4 + 1] += t[j * 4 + 1] * t0;
+        acc[j * 4 + 2] += t[j * 4 + 2] * t1;
+        acc[j * 4 + 3] += t[j * 4 + 3] * t1;
+      }
+    };
+    auto release = [&](u32 s) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+    };
+    // waits for K block kb's stage and issues its 4 WGMMAs into t (one commit group)
+    auto issue = [&](int kb, float (&t)[BN / 2], float (&sc)[4]) {
+      const u32 s = (it + kb) % STAGES, ph = ((it + kb) / STAGES) & 1;
+      mbar_wait(bars + 8 * s, ph);
+      const u32 a_addr = sA + s * A_BYTES + wrow * 64 * 128, b_addr = sB + s * B_BYTES;
+      if constexpr (FP8) take_scales(kb, s, sc);
+      fence_regs(t);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        Wgmma<BN, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), FP8 ? k : ((kb | k) != 0));
+      wgmma_commit();
+    };
+    if constexpr (!FP8) {
+      // BF16: WGMMAs accumulate in place; keep one K block in flight, free the stage before it
+      float sc[4];
+      for (int kb = 0; kb < KB; ++kb) {
+        issue(kb, acc, sc);
+        if (kb > 0) {
+          wgmma_wait<1>();
+          release((it + kb - 1) % STAGES);
         }
       }
-      mbar_wait(bars + 8 * s, ph);
-      const u32 a_addr = sA + s * A_BYTES + wg * 64 * 128, b_addr = sB + s * B_BYTES;
-      if constexpr (FP8) {
-        const float sa0 = sfa_smem[s * BM + wg * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wg * 64 + r_in_wg + 8];
-        float tmp[BN / 2];
-        fence_regs(tmp);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k) Wgmma<BN, true>::mma(tmp, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
-        wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc);
+      release((it + KB - 1) % STAGES);
+    } else {
+      float t[BN / 2], sc[4];
+      for (int kb = kw; kb < KB; kb += KSTEP) {
+        issue(kb, t, sc);
         wgmma_wait<0>();
-        fence_regs(tmp);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
-        const float s00 = sa0 * sb0, s10 = sa1 * sb0, s01 = sa0 * sb1, s11 = sa1 * sb1;
+        fence_regs(t);
+        release((it + kb) % STAGES);
+        promote(t, sc);
+      }
+    }
+    it += KB;
+    if constexpr (KSPLIT) {
+      // warpgroup 1 hands its partial sums to warpgroup 0, which writes the tile
+      const int wtid = tid % 128;
+      named_bar_sync(3, 256);  // warpgroup 0 has consumed the previous tile's partial sums
+      if (wg == 1) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const bool second = j * 8 + (lane % 4) * 2 >= boundary;
-          const float t0 = second ? s01 : s00, t1 = second ? s11 : s10;
-          acc[j * 4 + 0] += tmp[j * 4 + 0] * t0;
-          acc[j * 4 + 1] += tmp[j * 4 + 1] * t0;
-          acc[j * 4 + 2] += tmp[j * 4 + 2] * t1;
-          acc[j * 4 + 3] += tmp[j * 4 + 3] * t1;
-        }
+        for (int i = 0; i < BN / 2; ++i) red_smem[i * 128 + wtid] = acc[i];
+        asm volatile("bar.arrive 4, 256;" ::: "memory");
       } else {
-        fence_regs(acc);
-        wgmma_fence();
+        named_bar_sync(4, 256);
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          Wgmma<BN, false>::mma(acc, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), (kb | k) != 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+        for (int i = 0; i < BN / 2; ++i) acc[i] += red_smem[i * 128 + wtid];
       }
     }
 
     // epilogue: rows/cols bounds-checked (N % 8 == 0 is required on the host)
+    if (KSPLIT && wg == 1) {
+      have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
+      sfb_row0 = nrow; sfb_step = nstep;
+      continue;
+    }
     int limit = M;
     long long row_off = 0;
     if (KIND == kMasked) {
@@ -294,12 +336,12 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       limit = mg < 0 ? 0 : (mg > M ? M : mg);
       row_off = (long long)g * M;
     }
-    const int row_wg = m_blk * BM + wg * 64;  // first row of this warpgroup's 64
+    const int row_wg = m_blk * BM + wrow * 64;  // first row of this warpgroup's 64
     const int col_t = n_blk * BN;
     if constexpr (EPI == 1) {
       constexpr int P = Plan::kPitch;
-      unsigned char* buf = epi_smem + wg * 64 * P;
-      named_bar_sync(1 + wg, 128);  // the previous tile's copy-out has finished reading buf
+      unsigned char* buf = epi_smem + wrow * 64 * P;
+      named_bar_sync(1 + wrow, 128);  // the previous tile's copy-out has finished reading buf
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = r_in_wg + half * 8;
@@ -321,7 +363,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           *reinterpret_cast<u32*>(buf + r * P + c * 2) = pack_bf16(v0, v1);
         }
       }
-      named_bar_sync(1 + wg, 128);
+      named_bar_sync(1 + wrow, 128);
       constexpr int CH = BN / 8;  // 16-byte chunks per row
       const int wtid = tid % 128;
       for (int idx = wtid; idx < 64 * CH; idx += 128) {
