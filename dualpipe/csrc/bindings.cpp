@@ -110,13 +110,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "simulate",
       [](const std::string& kind, int num_ranks, int num_chunks, double f, double b, double w, double fb, double p2p,
-         int virtual_stages, bool timeline) {
+         double commit, int virtual_stages, bool timeline) {
         Sched s = parse_sched(kind);
         check_args(s, num_ranks, num_chunks, virtual_stages);
-        for (auto [name, v] : {std::pair{"F", f}, {"B", b}, {"W", w}, {"FB", fb}, {"p2p", p2p}})
+        for (auto [name, v] : {std::pair{"F", f}, {"B", b}, {"W", w}, {"FB", fb}, {"p2p", p2p}, {"commit", commit}})
           if (!(v >= 0)) throw std::invalid_argument(std::string("cost ") + name + " must be >= 0, got " + std::to_string(v));
         if (w > b) throw std::invalid_argument("cost W (weight-grad part) must be <= B (full backward)");
-        Costs c{f, b, w, fb, p2p};
+        Costs c{f, b, w, fb, p2p, commit};
         Topology t = make_topology(s, num_ranks, virtual_stages);
         SimResult r;
         double plan_s = 0, sim_s = 0;
@@ -154,6 +154,6 @@ PYBIND11_MODULE(_C, m) {
         return d;
       },
       py::arg("kind"), py::arg("num_ranks"), py::arg("num_chunks"), py::arg("F") = 1.0, py::arg("B") = 2.0,
-      py::arg("W") = 1.0, py::arg("FB") = 3.0, py::arg("p2p") = 0.0, py::arg("virtual_stages") = 2,
+      py::arg("W") = 1.0, py::arg("FB") = 3.0, py::arg("p2p") = 0.0, py::arg("commit") = 0.0, py::arg("virtual_stages") = 2,
       py::arg("timeline") = false);
 }

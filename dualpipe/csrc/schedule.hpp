@@ -57,6 +57,7 @@ std::vector<Op> plan_rank(Sched s, const Topology& t, int rank, int chunks, bool
 
 struct Costs {
   double f = 1, b = 2, w = 1, fb = 3, p2p = 0;  // per stage; b = full backward (input + weight)
+  double commit = 0;  // time a rank spends issuing one p2p batch (counts as bubble, not busy)
 };
 
 struct SimResult {

@@ -156,6 +156,7 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
         }
         case kCommit: {
           if (!s.flushed) {  // issue the batch: sends depart now, recvs become awaited
+            s.t += c.commit;
             for (int k = 0; k < op.arg; ++k) {
               const uint8_t post = op.post[k];
               const int j = topo.index(r, post_phase(post));

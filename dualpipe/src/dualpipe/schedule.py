@@ -85,16 +85,18 @@ class SimResult:
 
 def simulate(kind: str, num_ranks: int, num_chunks: int, F: float = 1.0, B: float = 2.0, W: float = 1.0,
              FB: Optional[float] = None, p2p: float = 0.0, virtual_stages: int = 2,
-             timeline: bool = False) -> SimResult:
+             timeline: bool = False, commit: float = 0.0) -> SimResult:
     """Plan ``kind`` and simulate it with per-stage op costs.
 
     F: forward of one micro-batch through one stage; B: its full backward (input + weight grad);
     W: the weight-grad part of B (run separately by zero-bubble ops); FB: an overlapped forward +
-    backward pair (default F + B, i.e. no overlap gain); p2p: latency of one activation transfer.
+    backward pair (default F + B, i.e. no overlap gain); p2p: latency of one activation transfer;
+    commit: time a rank spends issuing one batch of p2p ops (idle time, not busy).
     """
     fb = F + B if FB is None else FB
     d = _C.simulate(kind, int(num_ranks), int(num_chunks), F=float(F), B=float(B), W=float(W), FB=float(fb),
-                    p2p=float(p2p), virtual_stages=int(virtual_stages), timeline=bool(timeline))
+                    p2p=float(p2p), commit=float(commit), virtual_stages=int(virtual_stages),
+                    timeline=bool(timeline))
     return SimResult(kind=kind, num_ranks=int(num_ranks), num_chunks=int(num_chunks), makespan=d["makespan"],
                      busy=d["busy"], end=d["end"], peak_activations=d["peak_activations"],
                      stage_fraction=d["stage_fraction"], num_ops=d["num_ops"], plan_seconds=d["plan_seconds"],
