@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import time
 
@@ -50,6 +51,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
+    ap.add_argument("--compare-ksplit", action="store_true",
+                    help="for s_q*h_q <= 32 also time the key-split S phase (FLASHMLA_KSPLIT=0)")
     args = ap.parse_args()
     assert torch.cuda.is_available() and flashmla.cuda_available(), "needs CUDA and the compiled kernels"
     try:
@@ -85,6 +88,11 @@ def main():
         flops = 2 * h_q * s_q * tot * (576 + 512)
         rec = dict(batch=batch, seqlen=L, h_q=h_q, s_q=s_q, kind=kind, causal=causal, ours_s=t,
                    gbps=nbytes / t / 1e9, tflops=flops / t / 1e12)
+        if args.compare_ksplit and s_q * h_q <= 32:
+            os.environ["FLASHMLA_KSPLIT"] = "0"
+            rec["ours_keysplit_s"] = bench_graph(ours, rep_ms=40)
+            del os.environ["FLASHMLA_KSPLIT"]
+            print(f"      (key-split S phase: {rec['ours_keysplit_s'] * 1e6:.1f} us)")
         rec["frac_bw"] = nbytes / t / COPY_BW
         rec["frac_mma"] = flops / t / BF16_PEAK
         lmax = max(sl_list)

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "launch.h"
 
@@ -26,7 +27,7 @@ constexpr int ROWB = D_QK * 2;                 // bytes of one bf16 row in share
 constexpr int RCH = ROWB / 16;                 // 16-byte chunks per row (72)
 constexpr int KTILE = PAGE * ROWB;             // bytes of one bf16 page (73728)
 constexpr int QROWB = D_V * 2;                 // Q rows in shared memory: the 512 NoPE columns
-constexpr int QCH = QROWB / 16;                // (the 64 RoPE columns of Q live in registers)
+                                               // (the 64 RoPE columns of Q live in registers)
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -74,7 +75,7 @@ constexpr int FP8_TOKEN = 656;                 // fp8 token: 512 e4m3 | 4 fp32 s
 constexpr int FP8_CH = FP8_TOKEN / 16;         // 41 chunks
 constexpr int FP8_TILE = PAGE * FP8_TOKEN;     // 41984 bytes
 
-template <int WM, bool FP8>
+template <int WM, bool FP8, bool KS>
 struct Cfg {
   static constexpr int BM = 16 * WM;       // query rows per CTA
   static constexpr int WN = 8 / WM;        // warps side by side over keys (S) and columns (O)
@@ -85,14 +86,20 @@ struct Cfg {
   // P is kept as two bf16 planes, hi = bf16(p) and lo = bf16(p - hi), so P V is exact to ~2^-16
   // BF16: two page buffers filled by cp.async. FP8: two raw fp8 staging buffers filled by
   // cp.async and one bf16 page buffer that the CTA dequantises into before the matrix products.
-  static constexpr int SMEM_Q = BM * QROWB, SMEM_K = FP8 ? KTILE : 2 * KTILE;
+  // KS (K-split, BM <= 32): for S, the 8 warps split the 36 k-steps of the 576-wide dot product
+  // instead of the keys, so Q is read from shared memory once per page instead of WN times; the
+  // fp32 partial S tiles are summed through shared memory (PART). Q rows then keep all 576 columns.
+  static constexpr int QRB = KS ? ROWB : QROWB;
+  static constexpr int SMEM_Q = BM * QRB, SMEM_K = FP8 ? KTILE : 2 * KTILE;
   static constexpr int SMEM_STAGE = FP8 ? 2 * FP8_TILE : 0, SMEM_P = 2 * BM * 128;
-  static constexpr int SMEM = SMEM_Q + SMEM_K + SMEM_STAGE + SMEM_P + 2 * WN * BM * 4;
+  static constexpr int PART_LD = 72;       // floats per row of a partial S tile (64 + 8 pad)
+  static constexpr int SMEM_PART = KS ? 8 * 16 * PART_LD * 4 : 0;
+  static constexpr int SMEM = SMEM_Q + SMEM_K + SMEM_STAGE + SMEM_P + 2 * WN * BM * 4 + SMEM_PART;
 };
 
-template <int WM, bool FP8>
+template <int WM, bool FP8, bool KS>
 __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
-  using C = Cfg<WM, FP8>;
+  using C = Cfg<WM, FP8, KS>;
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sQ = smem;
   uint8_t* sK = sQ + C::SMEM_Q;
@@ -100,6 +107,7 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
   uint8_t* sP = sStage + C::SMEM_STAGE;
   float* sMax = reinterpret_cast<float*>(sP + C::SMEM_P);
   float* sSum = sMax + C::WN * C::BM;
+  float* sPart = sSum + C::WN * C::BM;
   const uint32_t uQ = smem_u32(sQ), uK = smem_u32(sK), uP = smem_u32(sP), uPl = uP + C::BM * 128;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -197,10 +205,11 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
     uint32_t qr[4][4];  // A fragments of the RoPE columns 512..575 of this warp's 16 rows
     if (kbeg < kend) {
       const __nv_bfloat16* qb = static_cast<const __nv_bfloat16*>(a.q) + (int64_t)b * m * D_QK;
-      for (int c = tid; c < C::BM * QCH; c += NT) {
-        const int r = c / QCH, ch = c - r * QCH;
+      constexpr int QC = C::QRB / 16;
+      for (int c = tid; c < C::BM * QC; c += NT) {
+        const int r = c / QC, ch = c - r * QC;
         const bool v = row_base + r < m;
-        cp_async16(uQ + swz(r, ch, QROWB), qb + (int64_t)(v ? row_base + r : 0) * D_QK + ch * 8, v);
+        cp_async16(uQ + swz(r, ch, C::QRB), qb + (int64_t)(v ? row_base + r : 0) * D_QK + ch * 8, v);
       }
       load_page(kbeg, 0);
       cp_commit();
@@ -209,7 +218,7 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
         if (kbeg + 2 < kend) prefetch_page(kbeg + 2);
       }
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < (KS ? 0 : 4); ++kk) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = row_base + r_loc[e & 1];
@@ -236,6 +245,50 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
       float s[C::NTS][4];
 #pragma unroll
       for (int i = 0; i < C::NTS; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      if constexpr (KS) {
+        float ps[8][4];  // partial S: this warp's k-steps, all 64 keys
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ps[i][0] = ps[i][1] = ps[i][2] = ps[i][3] = 0.f;
+        constexpr int NKS = (D_QK / 16 + C::WN - 1) / C::WN;
+#pragma unroll
+        for (int i = 0; i < NKS; ++i) {
+          const int kk = wn + C::WN * i;
+          if (kk < D_QK / 16) {
+            uint32_t af[4];
+            ldsm_x4(af, uQ + swz(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), ROWB));
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              uint32_t x[4];
+              ldsm_x4(x, uKb + swz(j * 16 + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1), ROWB));
+              mma16816(ps[2 * j], af, x[0], x[1]);
+              mma16816(ps[2 * j + 1], af, x[2], x[3]);
+            }
+          }
+        }
+        float* mine = sPart + (wm * C::WN + wn) * 16 * C::PART_LD;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(mine + ((lane >> 2) + 8 * h) * C::PART_LD + nt * 8 + (lane & 3) * 2) =
+                make_float2(ps[nt][2 * h], ps[nt][2 * h + 1]);
+        __syncthreads();
+#pragma unroll
+        for (int nt = 0; nt < C::NTS; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float2 acc = make_float2(0.f, 0.f);
+#pragma unroll
+            for (int w = 0; w < C::WN; ++w) {
+              const float2 v = *reinterpret_cast<const float2*>(
+                  sPart + ((wm * C::WN + w) * 16 + (lane >> 2) + 8 * h) * C::PART_LD + wn * C::KPW + nt * 8 + (lane & 3) * 2);
+              acc.x += v.x;
+              acc.y += v.y;
+            }
+            s[nt][2 * h] = acc.x;
+            s[nt][2 * h + 1] = acc.y;
+          }
+      } else {
       // with few n8 tiles, alternate two accumulator sets to halve the dependent mma chain
       constexpr int NACC = C::NTS <= 2 ? 2 : 1;
       float s2[NACC == 2 ? C::NTS : 1][4];
@@ -284,6 +337,7 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) qk_step(qr[kk], D_V / 16 + kk, s);
       }
+      }  // KS
 
       // ---- mask, scale to the exp2 domain, row max
       const int key0 = blk * PAGE + wn * C::KPW + (lane & 3) * 2;
@@ -423,15 +477,15 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const DecodeArgs a) {
   if (threadIdx.x == 0) a.lse[(int64_t)b * m + hh * a.s_q + i] = mx == NEG_INF ? -NEG_INF : mx + logf(sum);
 }
 
-template <int WM, bool FP8>
+template <int WM, bool FP8, bool KS>
 cudaError_t launch(const DecodeArgs& a, cudaStream_t st) {
-  using C = Cfg<WM, FP8>;
+  using C = Cfg<WM, FP8, KS>;
   static_assert(C::SMEM <= 232448, "shared memory over the sm_90 limit");
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_kernel<WM, FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_kernel<WM, FP8, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
   if (e != cudaSuccess) return e;
   const int m = a.s_q * a.h_q;
   dim3 grid((m + C::BM - 1) / C::BM, a.parts);
-  mla_decode_kernel<WM, FP8><<<grid, NT, C::SMEM, st>>>(a);
+  mla_decode_kernel<WM, FP8, KS><<<grid, NT, C::SMEM, st>>>(a);
   return cudaGetLastError();
 }
 
@@ -442,11 +496,20 @@ bool fp8_kernel_built() { return true; }
 const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int m = a.s_q * a.h_q;
+  // FLASHMLA_KSPLIT=0 selects the key-split S phase for 16/32-row tiles (the K-split is the default)
+  const char* env = getenv("FLASHMLA_KSPLIT");
+  const bool ks = !(env && env[0] == '0');
   cudaError_t e;
-  if (a.is_fp8)  // 64-row tiles do not fit beside the staging buffers: rows go in tiles of 32
-    e = m <= 16 ? launch<1, true>(a, st) : launch<2, true>(a, st);
-  else
-    e = m <= 16 ? launch<1, false>(a, st) : m <= 32 ? launch<2, false>(a, st) : launch<4, false>(a, st);
+  if (a.is_fp8) {  // 64-row tiles do not fit beside the staging buffers: rows go in tiles of 32
+    if (m <= 16) e = ks ? launch<1, true, true>(a, st) : launch<1, true, false>(a, st);
+    else e = launch<2, true, false>(a, st);
+  } else if (m <= 16) {
+    e = ks ? launch<1, false, true>(a, st) : launch<1, false, false>(a, st);
+  } else if (m <= 32) {
+    e = ks ? launch<2, false, true>(a, st) : launch<2, false, false>(a, st);
+  } else {
+    e = launch<4, false, false>(a, st);
+  }
   if (e == cudaSuccess) {
     mla_combine_kernel<<<dim3(m, a.batch), 128, 0, st>>>(a);
     e = cudaGetLastError();
