@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     print(f"batch={batch} h_q={args.heads} s_q={args.s_q} seqlens={lens[0]}..{lens[-1]} "
           f"max_abs_err={err:.2e} time={dt * 1e3:.3f} ms  {gbs:.1f} GB/s")
     backend = "CUDA" if cuda else "CPU"
-    print(f"summary: backend={backend} result={"ok" if ok else "MISMATCH"} err={err:.1e} {gbs:.2f}GB/s")
+    print(f"summary: backend={backend} result={'ok' if ok else 'MISMATCH'} err={err:.1e} {gbs:.2f}GB/s")
     return 0 if ok else 1
 
 
