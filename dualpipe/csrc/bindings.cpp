@@ -29,7 +29,7 @@ py::array_t<int32_t> expand(const Topology& t, const std::vector<Op>& ops) {
   std::vector<int> nf(t.phases), nb(t.phases), cnt[4];
   for (auto& c : cnt) c.assign(t.phases, 0);
   std::deque<std::pair<int, int>> wq;
-  for (const Op& op : ops) {
+  for_each_op(ops, [&](const Op& op) {
     int k = kind_of(op), p = op.arg, zb = (op.code & kZB) ? 1 : 0;
     std::array<int32_t, 6> row{k, zb, -1, -1, -1, -1};
     switch (k) {
@@ -55,7 +55,7 @@ py::array_t<int32_t> expand(const Topology& t, const std::vector<Op>& ops) {
       default: break;
     }
     rows.push_back(row);
-  }
+  });
   py::array_t<int32_t> a({py::ssize_t(rows.size()), py::ssize_t(6)});
   std::copy(&rows[0][0], &rows[0][0] + rows.size() * 6, a.mutable_data());
   return a;

@@ -37,7 +37,7 @@ void check_args(Sched s, int ranks, int chunks, int v) {
                                 ", num_chunks=" + std::to_string(chunks) + ")");
   };
   if (ranks < 1 || ranks > (1 << 20)) fail("num_ranks must be in [1, 2^20]");
-  if (chunks < 1 || chunks > (1 << 26)) fail("num_chunks must be in [1, 2^26]");
+  if (chunks < 1 || chunks > (1 << 24) - 1) fail("num_chunks must be in [1, 2^24)");
   switch (s) {
     case Sched::kInterleaved:
       if (v < 1 || v > 15) fail("virtual_stages must be in [1, 15], got " + std::to_string(v));
@@ -138,6 +138,32 @@ class Emitter {
     commit();
     put(kW, 0);
   }
+  // `count` iterations of `body`, which must depend on nothing but the emitter's state. The first
+  // iteration is emitted as is (it may pick up posts pending from before the loop); if the second
+  // leaves the emitter as it found it, every later iteration is identical to it, so the second is
+  // stored once behind a REPEAT header.
+  template <class Body>
+  void loop(long count, Body body) {
+    if (count <= 0) return;
+    body();
+    if (--count == 0) return;
+    const Op before = commit_op_;
+    const int pend = pending_;
+    const size_t start = out_.size();
+    body();
+    --count;
+    const size_t len = out_.size() - start;
+    bool fixed = pend == pending_ && std::equal(before.post, before.post + pend, commit_op_.post);
+    if (count == 0) return;
+    if (!fixed || len == 0 || len > 0xFFFF) {
+      while (count-- > 0) body();
+      return;
+    }
+    size_t reps = size_t(count) + 1;
+    Op hdr{kRepeat, uint8_t(reps & 0xFF), {uint8_t(len & 0xFF), uint8_t(len >> 8), uint8_t((reps >> 8) & 0xFF),
+                                          uint8_t((reps >> 16) & 0xFF)}};
+    out_.insert(out_.begin() + long(start), hdr);
+  }
 
  private:
   void post(Kind k, int p, bool real) {
@@ -164,13 +190,21 @@ void plan_1f1b(Emitter& e, int P, int r, int m, bool zb) {
       --deferred;
     }
   };
-  for (int i = 0; i < warm; ++i) e.forward(0);
-  for (int i = 0; i < m - warm; ++i) {
+  e.loop(warm, [&] { e.forward(0); });
+  int steady = m - warm, ramp = zb ? std::min(steady, r) : 0;  // ZB: the first r iterations fill the queue
+  for (int i = 0; i < ramp; ++i) {
     e.forward(0);
     bwd();
   }
-  for (int i = 0; i < warm; ++i) bwd();
-  for (; deferred > 0; --deferred) e.weight();
+  e.loop(steady - ramp, [&] {
+    e.forward(0);
+    bwd();
+  });
+  int cool = warm, ramp2 = zb ? std::min(cool, std::max(0, r - deferred)) : 0;
+  for (int i = 0; i < ramp2; ++i) bwd();
+  e.loop(cool - ramp2, [&] { bwd(); });
+  e.loop(deferred, [&] { e.weight(); });
+  deferred = 0;
 }
 
 void plan_interleaved(Emitter& e, int P, int r, int m, int v) {
@@ -178,33 +212,50 @@ void plan_interleaved(Emitter& e, int P, int r, int m, int v) {
   int warm = std::min((P - r - 1) * 2 + (v - 1) * P, total);
   auto chunk_f = [&](int k) { return (k % (P * v)) / P; };
   auto chunk_b = [&](int k) { return v - 1 - (k % (P * v)) / P; };
-  for (int k = 0; k < warm; ++k) e.forward(chunk_f(k));
-  for (int i = 0; i < total - warm; ++i) {
-    e.forward(chunk_f(warm + i));
-    e.backward(chunk_b(i));
+  // runs of P consecutive steps share their chunk (phase), so each run is one loop
+  auto run_len = [&](int k, int end) { return std::min(end, (k / P + 1) * P) - k; };
+  for (int k = 0; k < warm;) {
+    int n = run_len(k, warm), c = chunk_f(k);
+    e.loop(n, [&] { e.forward(c); });
+    k += n;
   }
-  for (int k = total - warm; k < total; ++k) e.backward(chunk_b(k));
+  for (int i = 0; i < total - warm;) {
+    int n = std::min(run_len(warm + i, total), run_len(i, total - warm));
+    int cf = chunk_f(warm + i), cb = chunk_b(i);
+    e.loop(n, [&] {
+      e.forward(cf);
+      e.backward(cb);
+    });
+    i += n;
+  }
+  for (int k = total - warm; k < total;) {
+    int n = run_len(k, total), c = chunk_b(k);
+    e.loop(n, [&] { e.backward(c); });
+    k += n;
+  }
 }
 
 // ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism"), the V-shape zero-bubble schedule.
 void plan_zbv(Emitter& e, int P, int r, int m) {
-  int f0 = 0, f1 = 0;
-  auto F0 = [&]() { e.forward(0); ++f0; };
-  auto F1 = [&]() { e.forward(1); ++f1; };
-  for (int i = 0; i < 2 * (P - r) - 1; ++i) F0();
-  for (int i = 0; i < r; ++i) { F1(); F0(); }
-  for (int i = 0; i < P - r; ++i) { F1(); e.backward(1, true); e.weight(); }
-  while (f1 < f0 || f0 < m) {
-    if (f0 < m) F0();
+  e.loop(2 * (P - r) - 1, [&] { e.forward(0); });
+  e.loop(r, [&] { e.forward(1); e.forward(0); });
+  e.loop(P - r, [&] { e.forward(1); e.backward(1, true); e.weight(); });
+  // stable phase: f0 = 2P - r - 1 and f1 = P so far; first while stage 0 still has micro-batches
+  // to forward, then until stage 1 has caught up
+  int f0 = 2 * P - r - 1, f1 = P;
+  auto stable = [&](bool with_f0) {
+    if (with_f0) e.forward(0);
     e.backward(0, true);
     e.weight();
-    F1();
+    e.forward(1);
     e.backward(1, true);
     e.weight();
-  }
-  for (int i = 0; i < r; ++i) { e.backward(0, true); e.backward(1, true); }
-  for (int i = 0; i < P - r; ++i) { e.backward(0, true); e.weight(); }
-  for (int i = 0; i < 2 * r; ++i) e.weight();  // the 2r weight grads deferred just above
+  };
+  e.loop(m - f0, [&] { stable(true); });
+  e.loop(f0 - f1, [&] { stable(false); });
+  e.loop(r, [&] { e.backward(0, true); e.backward(1, true); });
+  e.loop(P - r, [&] { e.backward(0, true); e.weight(); });
+  e.loop(2 * r, [&] { e.weight(); });  // the 2r weight grads deferred just above
 }
 
 // The DualPipe / DualPipeV eight-step schedule. For DualPipe, `x` flips the phase on the second
@@ -213,51 +264,54 @@ void plan_zbv(Emitter& e, int P, int r, int m) {
 // input end; `mid` marks the ranks where the two halves meet (the turn of the V for DualPipeV).
 void plan_dualpipe_steps(Emitter& e, int P, int hr, int m, int x, bool mid) {
   auto ph = [x](int p) { return p ^ x; };
-  for (int i = 0; i < (P - hr - 1) * 2; ++i) e.forward(ph(0));  // 1: nF0
-  int s2 = hr + 1;                                               // 2: nF0F1
+  e.loop((P - hr - 1) * 2, [&] { e.forward(ph(0)); });  // 1: nF0
+  int s2 = hr + 1;                                         // 2: nF0F1
   e.recv_forward(ph(0));
-  for (int i = 0; i < s2; ++i) {
+  auto step2 = [&](bool send1) {
     e.forward(ph(0), false, mid);
     e.recv_forward(ph(0));
-    e.forward(ph(1), true, !mid || i < s2 - 1);
+    e.forward(ph(1), true, send1);
     if (!mid) e.send_forward(ph(0));
-  }
-  for (int i = 0; i < P - hr - 1; ++i) {  // 3: nB1W1F1 (zero bubble)
+  };
+  e.loop(s2 - 1, [&] { step2(true); });
+  step2(!mid);
+  e.loop(P - hr - 1, [&] {  // 3: nB1W1F1 (zero bubble)
     e.backward(ph(1), true);
     e.recv_forward(ph(1));
     e.weight();
     e.forward(ph(1), false);
-  }
+  });
   int s4 = m - 2 * P + hr + 1;  // 4 (main): nF0B1F1B0
-  for (int i = 0; i < s4; ++i) {
-    if (i == 0 && mid) {  // not overlapped: shortens the bubble at the meeting point
+  if (s4 > 0) {
+    if (mid) {  // not overlapped: shortens the bubble at the meeting point
       e.forward(ph(0), false, false);
       e.send_forward(ph(1));
       e.backward(ph(1), false, true, false);
       e.send_forward(ph(0));
       e.send_backward(ph(1));
     } else {
-      e.forward_backward(ph(0), ph(1), i != 0);
+      e.forward_backward(ph(0), ph(1), false);
     }
     e.forward_backward(ph(1), ph(0));
   }
-  for (int i = 0; i < P - hr - 1; ++i) {  // 5: nB1F1B0
+  e.loop(s4 - 1, [&] {
+    e.forward_backward(ph(0), ph(1));
+    e.forward_backward(ph(1), ph(0));
+  });
+  e.loop(P - hr - 1, [&] {  // 5: nB1F1B0
     e.backward(ph(1));
     e.forward_backward(ph(1), ph(0));
-  }
-  int s6 = hr + 1;  // 6: nB1B0, the second half with zero bubble
-  bool zb = false;
-  for (int i = 0; i < s6; ++i) {
-    if (i == s6 / 2 && hr % 2 == 1) zb = true;
-    e.backward(ph(1), zb);
-    if (i == s6 / 2 && hr % 2 == 0) zb = true;
-    e.backward(ph(0), zb);
-  }
-  for (int i = 0; i < P - hr - 1; ++i) {  // 7: nWB0
+  });
+  int s6 = hr + 1, half6 = s6 / 2;  // 6: nB1B0, the second half with zero bubble
+  e.loop(half6, [&] { e.backward(ph(1), false); e.backward(ph(0), false); });
+  e.backward(ph(1), hr % 2 == 1);
+  e.backward(ph(0), true);
+  e.loop(s6 - half6 - 1, [&] { e.backward(ph(1), true); e.backward(ph(0), true); });
+  e.loop(P - hr - 1, [&] {  // 7: nWB0
     e.weight();
     e.backward(ph(0), true);
-  }
-  for (int i = 0; i < hr + 1; ++i) e.weight();  // 8: nW
+  });
+  e.loop(hr + 1, [&] { e.weight(); });  // 8: nW
 }
 
 }  // namespace
@@ -266,7 +320,7 @@ std::vector<Op> plan_rank(Sched s, const Topology& t, int rank, int chunks, bool
   if (rank < 0 || rank >= t.ranks)
     throw std::invalid_argument("rank must be in [0, num_ranks), got " + std::to_string(rank));
   std::vector<Op> out;
-  out.reserve(size_t(chunks) * (s == Sched::kDualPipe ? 3 : 4 * t.phases + 1) + 16);
+  out.reserve(size_t(64) * (t.ranks + t.phases) + 64);
   Emitter e(t, rank, forward_only, out);
   int P = t.ranks;
   switch (s) {

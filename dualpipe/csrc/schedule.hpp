@@ -23,18 +23,40 @@
 
 namespace dualpipe {
 
-enum Kind : uint8_t { kF = 0, kB = 1, kW = 2, kFB = 3, kRecvF = 4, kRecvB = 5, kSendF = 6, kSendB = 7, kCommit = 8 };
+enum Kind : uint8_t {
+  kF = 0, kB = 1, kW = 2, kFB = 3, kRecvF = 4, kRecvB = 5, kSendF = 6, kSendB = 7, kCommit = 8,
+  kRepeat = 9  // compact form only: run the next `len` entries `count` times
+};
 constexpr uint8_t kZB = 0x80;  // flag on kB
 constexpr int kMaxPosts = 4;  // p2p posts per COMMIT
 
 // Compute op: code = Kind | flags, arg = phase (kFB: phase0 | phase1 << 4).
 // COMMIT:     code = kCommit, arg = number of posts, post[i] = (Kind - kRecvF) | phase << 2.
+// REPEAT:     code = kRepeat, len = post[0] | post[1] << 8, count = arg | post[2] << 8 | post[3] << 16.
+//             Steady-state loops are stored once, so a plan takes O(ranks * (ranks + phases)) memory
+//             and the simulator runs the loop bodies from L1 cache.
 struct Op {
   uint8_t code;
   uint8_t arg;
   uint8_t post[kMaxPosts];
 };
 inline Kind kind_of(Op op) { return Kind(op.code & 0x0F); }
+inline size_t repeat_len(Op op) { return size_t(op.post[0]) | size_t(op.post[1]) << 8; }
+inline size_t repeat_count(Op op) { return size_t(op.arg) | size_t(op.post[2]) << 8 | size_t(op.post[3]) << 16; }
+// Calls f(op) for every op of the compact list `ops` in execution order (repeats unrolled).
+template <class Fn>
+void for_each_op(const std::vector<Op>& ops, Fn f) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (kind_of(ops[i]) != kRepeat) {
+      f(ops[i]);
+      continue;
+    }
+    size_t len = repeat_len(ops[i]), cnt = repeat_count(ops[i]);
+    for (size_t k = 0; k < cnt; ++k)
+      for (size_t j = 1; j <= len; ++j) f(ops[i + j]);
+    i += len;
+  }
+}
 inline Kind post_kind(uint8_t p) { return Kind(kRecvF + (p & 3)); }
 inline int post_phase(uint8_t p) { return p >> 2; }
 

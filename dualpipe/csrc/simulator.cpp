@@ -4,9 +4,9 @@
 // cost. At a COMMIT every send of its batch departs (it arrives p2p later at its receiver) and
 // the rank waits until every recv of the batch has arrived.
 // Messages travel on FIFO channels keyed by (receiver rank, receiver phase, F|B), so micro-batch
-// ids never have to be stored. Ranks are advanced with a worklist: a rank runs until it blocks at
-// a COMMIT whose message has not been sent yet; sweeps over the ranks alternate direction so that
-// activations flow down and gradients flow up in one sweep each, with sequential memory access.
+// ids never have to be stored. Ranks are advanced in sweeps: a rank runs until it blocks at a
+// COMMIT whose message has not been sent yet; sweeps alternate direction so that activations flow
+// down and gradients flow up in one sweep each. REPEAT blocks run from L1 cache.
 #include <algorithm>
 #include <deque>
 #include <numeric>
@@ -41,6 +41,8 @@ struct Channel {  // ring buffer of arrival times (capacity a power of two)
 
 struct RankState {
   size_t pc = 0, ri = 0;
+  size_t loop_start = 0, loop_end = SIZE_MAX, loop_left = 0;  // active REPEAT block
+  int64_t executed = 0;
   double t = 0, ready = 0, busy = 0, act = 0, peak = 0;
   bool flushed = false;
   std::vector<int> recvs;  // channels awaited by the COMMIT in progress
@@ -85,17 +87,28 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
     const int r = (sweep & 1) ? P - 1 - k : k;
     if (finished[r]) continue;
     RankState& s = st[r];
-    const size_t pc0 = s.pc, ri0 = s.ri;
+    const int64_t ex0 = s.executed;
+    const size_t ri0 = s.ri;
     const bool fl0 = s.flushed;
     const std::vector<Op>& ops = plan[r];
     const size_t n = ops.size();
     bool blocked = false;
-    while (s.pc < n && !blocked) {
-      if (!timeline) {  // fast path: run compute ops up to the next COMMIT in registers
+    while (!blocked) {
+      if (s.pc == s.loop_end) {  // end of a REPEAT body
+        if (--s.loop_left > 0) {
+          s.pc = s.loop_start;
+        } else {
+          s.loop_end = SIZE_MAX;
+        }
+        continue;
+      }
+      if (s.pc >= n) break;
+      if (!timeline) {  // fast path: run compute ops up to the next COMMIT / loop end in registers
         const Op* o = ops.data();
-        size_t pc = s.pc;
+        const size_t stop = std::min(n, s.loop_end), pc0 = s.pc;
+        size_t pc = pc0;
         double t = s.t, busy = s.busy, act = s.act, peak = s.peak;
-        for (; pc < n && o[pc].code != kCommit; ++pc) {
+        for (; pc < stop && (o[pc].code & 0x0F) < kRecvF; ++pc) {
           const uint8_t code = o[pc].code;
           const double d = cost[code], a = act + dact[code];
           t += d;
@@ -104,9 +117,17 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
           act = a;
         }
         s.pc = pc, s.t = t, s.busy = busy, s.act = act, s.peak = peak;
-        if (pc == n) break;
+        s.executed += int64_t(pc - pc0);
+        if (pc == stop) continue;
       }
       const Op op = ops[s.pc];
+      if (kind_of(op) == kRepeat) {
+        s.loop_start = s.pc + 1;
+        s.loop_end = s.pc + 1 + repeat_len(op);
+        s.loop_left = repeat_count(op);
+        ++s.pc;
+        continue;
+      }
       const int p = op.arg;
       switch (kind_of(op)) {
         case kF: {
@@ -197,17 +218,10 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
           throw std::runtime_error("plan error: unknown op code " + std::to_string(op.code));
       }
       ++s.pc;
+      ++s.executed;
     }
-    // We come back to this rank only after visiting the others: pull its next ops into cache
-    // now (the hardware prefetcher cannot follow one stream per rank).
-    if (s.pc + 64 < n) {
-      const char* nxt = reinterpret_cast<const char*>(ops.data() + s.pc);
-      __builtin_prefetch(nxt + 64);
-      __builtin_prefetch(nxt + 128);
-      __builtin_prefetch(nxt + 192);
-    }
-    progress |= s.pc != pc0 || s.ri != ri0 || s.flushed != fl0;
-    if (s.pc == n) {
+    progress |= s.executed != ex0 || s.ri != ri0 || s.flushed != fl0;
+    if (s.pc >= n && s.loop_end == SIZE_MAX) {
       finished[r] = 1;
       --remaining;
     }
@@ -216,7 +230,7 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
   }
   for (int r = 0; r < P; ++r) {
     const RankState& s = st[r];
-    if (s.pc < plan[r].size())
+    if (s.pc < plan[r].size() || s.loop_end != SIZE_MAX)
       throw std::runtime_error("plan deadlocks: rank " + std::to_string(r) + " waits forever at op " +
                                std::to_string(s.pc) + " of " + std::to_string(plan[r].size()));
   }
@@ -230,7 +244,7 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
     res.end[r] = st[r].t;
     res.peak_activations[r] = st[r].peak;
     res.makespan = std::max(res.makespan, st[r].t);
-    res.num_ops += int64_t(plan[r].size());
+    res.num_ops += st[r].executed;
   }
   return res;
 }

@@ -6,7 +6,7 @@ import pytest
 from dualpipe import simulate
 
 
-@pytest.mark.parametrize("kind", ["DualPipe", "DualPipeV", "1F1B", "ZB1P"])
+@pytest.mark.parametrize("kind", ["DualPipe", "DualPipeV", "1F1B", "ZB1P", "interleaved", "ZBV"])
 def test_plan_and_simulate_1024_ranks_8192_chunks(kind):
     best = float("inf")
     for _ in range(2):  # best of two: the CI machine is shared
