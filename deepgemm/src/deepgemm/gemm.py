@@ -16,13 +16,17 @@ from .utils import get_mn_major_tma_aligned_tensor
 from .validate import check_m_indices, check_masked_m, check_operands, unpack
 
 _warned = False
+_capability: dict = {}
 
 
 def _use_kernels(t: torch.Tensor) -> bool:
     global _warned
     if not t.is_cuda:
         return False
-    if torch.cuda.get_device_capability(t.device) != (9, 0):
+    cap = _capability.get(t.device)
+    if cap is None:
+        cap = _capability[t.device] = torch.cuda.get_device_capability(t.device)
+    if cap != (9, 0):
         if not _warned:
             warnings.warn("deepgemm: kernels need sm_90 (Hopper); using the PyTorch reference")
             _warned = True

@@ -8,6 +8,7 @@ FP8_MAX = 448.0
 BLOCK_K = 128  # granularity of the scaling factors along K (and of B's along N)
 
 _num_sms: int | None = None
+_device_sms: dict[int, int] = {}
 
 
 # configs
@@ -38,7 +39,10 @@ def get_num_sms() -> int:
     if _num_sms is not None:
         return _num_sms
     if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        dev = torch.cuda.current_device()
+        if dev not in _device_sms:
+            _device_sms[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+        return _device_sms[dev]
     return 132
 
 

@@ -6,6 +6,7 @@ once per parameter set (deepgemm.jit.compiler caches the cubin on disk)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import warnings
@@ -86,10 +87,18 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True) -
 
 
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
-    bm, bn = choose_blocks(m_hint, n, groups, get_num_sms(), fp8)
-    epi = 1 if d.dtype == torch.bfloat16 and os.environ.get("DEEPGEMM_EPILOGUE", EPILOGUE_DEFAULT) == "staged" else 0
-    ksplit = int(fp8 and bm == 64 and k >= 256 and os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT) == "1")
-    return Config(KINDS[kind], fp8, OUT_CODE[d.dtype], C_CODE[None if c is None else c.dtype], n, k, bm, bn,
+    """Kernel parameters for one call (memoised: this runs on every GEMM call)."""
+    return _make_config(kind, fp8, d.dtype, None if c is None else c.dtype, n, k, m_hint, groups, get_num_sms(),
+                        os.environ.get("DEEPGEMM_EPILOGUE", EPILOGUE_DEFAULT),
+                        os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT))
+
+
+@functools.lru_cache(maxsize=4096)
+def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env) -> Config:
+    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8)
+    epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
+    ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
+    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn,
                   max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit), epi, ksplit)
 
 
