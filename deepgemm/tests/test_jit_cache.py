@@ -106,3 +106,18 @@ def test_block_choice_and_smem():
     bm, bn = kernels.choose_blocks(64, 7168, 1, 132)
     assert bm == 64 and 120 <= -(-7168 // bn) <= 132  # small M: N blocks sized to fill the SMs in one wave
     assert kernels.choose_blocks(64, 2112, 1, 132) == (64, 16)  # 2112 / 16 = 132 tiles
+
+
+def test_make_config_switches(monkeypatch):
+    import torch
+    d = torch.empty(1, 1, dtype=torch.bfloat16)
+    cfg = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    assert cfg.bm == 64 and cfg.ksplit == 1 and cfg.epi == 1 and cfg.threads == 384
+    assert kernels.smem_bytes(True, 2048, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit) <= kernels.SMEM_LIMIT
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", "0")
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", "direct")
+    cfg0 = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    assert cfg0.ksplit == 0 and cfg0.epi == 0 and cfg0.threads == 256
+    big = kernels.make_config("dense", True, torch.empty(1, 1), torch.empty(1, 1), 7168, 2048, 4096, 1)
+    assert big.bm == 128 and big.ksplit == 0 and big.epi == 0 and big.out == 1 and big.ct == 1  # fp32 out: direct
+    assert kernels.make_config("dense", False, d, None, 7168, 2048, 64, 1).ksplit == 0  # BF16: no K split
