@@ -87,6 +87,7 @@ class Config:
     compression: str
     report_format: str
     threefs_mount: Optional[str]
+    fuse: bool = True
 
 
 class Session:
@@ -100,7 +101,8 @@ class Session:
                  cpu_limit: Optional[int] = None, max_retries: Optional[int] = None,
                  progress: Optional[bool] = None, compression: Optional[str] = None,
                  report_format: Optional[str] = None, threefs_mount: Optional[str] = None,
-                 threefs_client: Any = None, threefs_options: Optional[dict] = None) -> None:
+                 threefs_client: Any = None, threefs_options: Optional[dict] = None,
+                 fuse: Optional[bool] = None) -> None:
         ncpu = os.cpu_count() or 1
         job_id = _pick("job_id", job_id, "SP_JOBID", None) or uuid.uuid4().hex[:16]
         if not isinstance(job_id, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", job_id):
@@ -130,6 +132,7 @@ class Session:
             compression=_pick("compression", compression, "SP_COMPRESSION", "snappy"),
             report_format=report_format,
             threefs_mount=_pick("threefs_mount", threefs_mount, "SP_THREEFS_MOUNT", None),
+            fuse=_pick("fuse", fuse, "SP_FUSE", True, _bool),
         )
         self.job_dir = os.path.join(self.config.data_root, self.config.job_id)
         os.makedirs(self.job_dir, exist_ok=True)
@@ -245,7 +248,8 @@ def init(job_id: Optional[str] = None, job_time: Optional[float] = None, job_nam
     Re-running with the same ``job_id`` and ``data_root`` resumes: finished tasks are not rerun.
     Keyword-only extras: memory_limit (per task), cpu_limit (DuckDB threads per task),
     max_retries, progress, compression, report_format ("html" | "png" | "none"),
-    threefs_mount, threefs_client, threefs_options.
+    threefs_mount, threefs_client, threefs_options, fuse (run a SQL node inside the shuffle
+    that reads it, default True).
     """
     return Session(job_id, job_time, job_name, data_root, num_executors, ray_address, bind_socket_port,
                    enable_profiling, platform, **kwargs)

@@ -43,11 +43,18 @@ class Driver:
                 stale.add(n)
                 self.outputs.pop(n, None)
         todo = [n for n in nodes if n not in self.outputs or n.force_recompute]
+        fused = self._fusions(nodes, todo, root)
+        todo = [n for n in todo if n not in fused.values()]
         env = self.env()
         for k, node in enumerate(todo, 1):
-            inputs = [self.outputs[d] for d in node.input_deps]
             t0 = time.time()
-            stage = node.plan(inputs, env)
+            if node in fused:  # shuffle reading its SQL input as a stream
+                sql = fused[node]
+                inputs = [self.outputs[d] for d in sql.input_deps]
+                stage = node.plan(inputs, env, pre_query=sql.sql_query)
+            else:
+                inputs = [self.outputs[d] for d in node.input_deps]
+                stage = node.plan(inputs, env)
             if node.force_recompute:
                 for t in stage.tasks:
                     shutil.rmtree(t.out_dir, ignore_errors=True)
@@ -72,6 +79,23 @@ class Driver:
             self.stages.append(stats)
         self.session._write_report()
         return self.outputs[root]
+
+    def _fusions(self, nodes, todo, root) -> Dict[Node, Node]:
+        """Shuffles whose input is a SQL node used by nothing else: run that SQL inside the
+        shuffle tasks instead of materialising it (saves a full write and read of the data)."""
+        if not self.session.config.fuse:
+            return {}
+        consumers: Dict[Node, int] = {}
+        for n in nodes:
+            for d in n.input_deps:
+                consumers[d] = consumers.get(d, 0) + 1
+        out = {}
+        for n in todo:
+            sql = n.fusable_input() if hasattr(n, "fusable_input") else None
+            if sql is not None and sql in todo and sql is not root and consumers.get(sql) == 1 \
+                    and not sql.force_recompute and not n.force_recompute:
+                out[n] = sql
+        return out
 
     # -- services for nodes --------------------------------------------------------------------
     def materialize(self, ds: ArrowTableDataSet) -> ParquetDataSet:

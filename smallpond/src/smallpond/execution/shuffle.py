@@ -25,6 +25,15 @@ READ_ROWS = 1 << 20
 
 def _batches(task: Task, con):
     """Record batches of the single input partition, plus its schema."""
+    if task.params.get("pre_query"):  # fused upstream SQL: stream its result
+        names = register_inputs(con, task.inputs)
+        try:
+            rel = con.sql(task.params["pre_query"].format(*names))
+            reader = rel.fetch_record_batch(READ_ROWS)
+        except Exception as e:
+            raise TaskError(f"{_describe(task)} failed: {type(e).__name__}: {e}\n  query: {task.params['pre_query']}",
+                            fatal=True) from None
+        return reader.schema, iter(reader)
     ds = task.inputs[0]
     if ds.empty:
         schema = ds.schema or pa.schema([])
@@ -118,14 +127,15 @@ def run_hash_duckdb(task: Task, tmp: str) -> List[str]:
     n = p["npartitions"]
     con = connect(task)
     try:
-        register_inputs(con, task.inputs)
+        names = register_inputs(con, task.inputs)
+        src = f"({p['pre_query'].format(*names)})" if p.get("pre_query") else "__input0"
         if p.get("data_partition_column"):
             pid = _quote(p["data_partition_column"])
         elif p.get("random_shuffle"):
             pid = f"cast(floor(random() * {n}) as bigint)"
         else:
             pid = f"hash({', '.join(_quote(c) for c in p['hash_columns'])}) % {n}"
-        con.execute(f"create temp table __parts as select *, {pid} as __pid from __input0")
+        con.execute(f"create temp table __parts as select *, {pid} as __pid from {src}")
         bad = con.execute(f"select __pid from __parts where __pid is null or __pid < 0 or __pid >= {n} limit 1").fetchall()
         if bad:
             raise TaskError(f"{_describe(task)}: partition id {bad[0][0]} out of range [0, {n})", fatal=True)

@@ -326,8 +326,17 @@ class HashPartitionNode(Node):
     def signature(self) -> str:
         return f"{type(self).__name__}({sorted(self._params().items())})"
 
-    def plan(self, inputs, env) -> Stage:
-        tasks = self._tasks("hash", inputs, env, self._params(), len(inputs[0]))
+    def fusable_input(self) -> Optional["SqlEngineNode"]:
+        dep = self.input_deps[0]
+        return dep if type(dep) is SqlEngineNode else None
+
+    def plan(self, inputs, env, pre_query: Optional[str] = None) -> Stage:
+        """``pre_query``: SQL of a fused upstream SqlEngineNode, run inside each shuffle task on
+        ``inputs`` (that node's inputs) and partitioned as it streams, never written to disk."""
+        params = self._params()
+        if pre_query is not None:
+            params["pre_query"] = pre_query
+        tasks = self._tasks("hash", inputs, env, params, len(inputs[0]))
         n = self.npartitions
 
         def finalize(results: List[TaskResult]) -> List[DataSet]:
