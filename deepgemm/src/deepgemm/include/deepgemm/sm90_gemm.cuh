@@ -2,14 +2,14 @@
 //
 // Persistent, warp-specialised kernel: one producer warpgroup (one thread issues TMA loads of
 // A, B and A's scales into a ring of STAGES shared-memory buffers) and NUM_MATH_WG consumer
-// warpgroups (64 rows of the BM x BN tile each) issuing WGMMA on 128-byte-swizzled tiles.
-// FP8: each 128-wide K block is multiplied into a fresh register tile, which is then scaled by
-// sfa[row] * sfb[block] and added into the FP32 accumulator ("promotion" every 128 of K).
+// warpgroups (64 rows of the BM x BN tile each, or with KSPLIT the same 64 rows and alternate K
+// blocks) issuing WGMMA on 128-byte-swizzled tiles. FP8: each 128-wide K block is multiplied into a
+// fresh register tile, which is then scaled by sfa[row] * sfb[block] and added into the FP32
+// accumulator ("promotion" every 128 of K). B's scales are read from global memory one K block ahead.
 //
 // No #include: the file compiles under NVRTC and nvcc alike. The JIT (deepgemm/jit) prepends the
 // Wgmma<BN, FP8> specialisation it needs and appends an extern "C" kernel that calls gemm_body
 // with every shape constant as a template argument.
-
 
 namespace dg {
 
