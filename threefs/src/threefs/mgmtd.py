@@ -16,6 +16,7 @@ from .kv import open_kv
 
 LEASE_KEY = b"mgmtd/lease"
 CHAINS_KEY = b"mgmtd/chains"
+NODES_KEY = b"mgmtd/nodes"
 
 
 class Mgmtd:
@@ -74,7 +75,10 @@ class Mgmtd:
         self.chains = self.kv.transact(txn)
         self.primary = True
         self.primary_since = time.time()
-        self.nodes = {}
+        # known nodes (addresses) survive a fail-over; their states are learned from heartbeats
+        known = json.loads(self.kv.transact(lambda t: t.get(NODES_KEY)) or b"{}")
+        self.nodes = {nid: {**n, "last_hb": self.primary_since, "alive": True, "targets": None}
+                      for nid, n in known.items()}
         self._bump()
         self.log.info("became primary at %s with %d chains", self.addr, len(self.chains))
 
@@ -87,7 +91,7 @@ class Mgmtd:
         grace = now - self.primary_since < self.hb_timeout
         for tid, nid in self.target_node.items():
             n = self.nodes.get(nid)
-            if n is None or now - n["last_hb"] > self.hb_timeout:
+            if n is None or n["targets"] is None or now - n["last_hb"] > self.hb_timeout:
                 # right after a fail-over, nodes get one lease period to find the new primary
                 local[tid] = None if grace else "offline"
             else:
@@ -129,6 +133,11 @@ class Mgmtd:
             if changed_any or dead:
                 self._bump()
 
+    def _persist_nodes(self):
+        table = {nid: {"addr": n["addr"], "type": n["type"]} for nid, n in self.nodes.items()}
+        raw = json.dumps(table, sort_keys=True).encode()
+        self.kv.transact(lambda t: None if t.get(NODES_KEY) == raw else t.put(NODES_KEY, raw))
+
     def routing(self) -> dict:
         now = time.time()
         return {
@@ -161,6 +170,7 @@ class Mgmtd:
                                    "space": args.get("space")}
                 if new:
                     self._bump()
+                    self._persist_nodes()
                 if args.get("routing_ver") == self.routing_ver:
                     return {"routing_ver": self.routing_ver}, None
                 return {"routing_ver": self.routing_ver, "routing": self.routing()}, None

@@ -254,6 +254,8 @@ class StorageNode:
             if t["id"] == tid:
                 continue
             addr = self.routing.addr_of(t["id"])
+            if addr is None:
+                continue
             try:
                 res, d = self.rpc.call(addr, "get_chunk", {"chain": chain["id"],
                                                            "chain_ver": chain["ver"],
@@ -412,8 +414,10 @@ class StorageNode:
         succ, _ = self._successor(chain, tid)
         if succ is not None:
             try:
-                self.rpc.call(self.routing.addr_of(succ["id"]), "remove_inode",
-                              {**args, "fwd": True})
+                addr = self.routing.addr_of(succ["id"])
+                if addr is None:
+                    raise ConnectionError(f"address of target {succ['id']} unknown")
+                self.rpc.call(addr, "remove_inode", {**args, "fwd": True})
             except ConnectionError as e:
                 raise rpc.RpcError("RETRY", str(e))
         return {"removed": n}, None

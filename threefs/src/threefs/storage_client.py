@@ -63,6 +63,12 @@ class StorageClient:
             except ConnectionError:
                 pass
 
+    def _addr(self, tid: int) -> str:
+        a = self.routing.addr_of(tid)
+        if a is None:  # e.g. a new primary mgmtd has not heard from the node yet
+            raise rpc.RpcError("UNAVAILABLE", f"address of target {tid} unknown")
+        return a
+
     def _chain(self, chain_id: int) -> dict:
         c = self.routing.chain(chain_id)
         if c is None:
@@ -124,7 +130,7 @@ class StorageClient:
             t = Routing.serving(c)
             if not t:
                 raise rpc.RpcError("UNAVAILABLE", "no serving target")
-            return self.rpc.call(self.routing.addr_of(t[-1]["id"]), "last_chunk",
+            return self.rpc.call(self._addr(t[-1]["id"]), "last_chunk",
                                  {"chain": chain_id, "inode": inode})[0]["last"]
         return self._retry("last_chunk", op)
 
@@ -134,7 +140,7 @@ class StorageClient:
             wl = Routing.write_list(c)
             if not wl:
                 raise rpc.RpcError("UNAVAILABLE", "no serving target")
-            return self.rpc.call(self.routing.addr_of(wl[0]["id"]), "remove_inode",
+            return self.rpc.call(self._addr(wl[0]["id"]), "remove_inode",
                                  {"chain": chain_id, "chain_ver": c["ver"], "inode": inode})[0]
         return self._retry("remove_inode", op)
 
