@@ -286,3 +286,45 @@ def launch(world: int, cases: List[dict], timeout_s: float = 180.0) -> List[dict
             with open(path) as f:
                 outs.append(json.load(f))
     return outs
+
+
+def gpu_smoke(port: int, num_chunks: int = 4, hidden: int = 16, mb: int = 4) -> Dict[str, float]:
+    """1-rank DualPipeV on CUDA over NCCL, stepped on a side stream; max rel errors vs the oracle.
+
+    The oracle runs on the default stream after the step; agreement (float64) shows the step's
+    work is ordered on the stream it was issued on.
+    """
+    import datetime
+    from . import DualPipeV, set_p2p_tensor_dtype, set_p2p_tensor_shapes
+    from .ref import ref_step
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("cuda", 0)
+    out = {}
+    try:
+        for overlap in (False, True):
+            cls = MLPStageOverlap if overlap else MLPStage
+            torch.manual_seed(1)
+            stages = nn.ModuleList([cls(hidden) for _ in range(2)]).double().to(dev)
+            model = DualPipeV((copy.deepcopy(stages[0]), copy.deepcopy(stages[1])))
+            set_p2p_tensor_shapes([(mb, hidden)])
+            set_p2p_tensor_dtype(torch.float64)
+            x = torch.randn(num_chunks * mb, hidden, dtype=torch.float64, device=dev)
+            y = torch.randn(num_chunks * mb, hidden, dtype=torch.float64, device=dev)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss, outputs = model.step(x, num_chunks=num_chunks, criterion=criterion, labels=(y,),
+                                           return_outputs=True)
+                with torch.no_grad():
+                    loss_i, _ = model.step(x, num_chunks=num_chunks, criterion=criterion, labels=(y,))
+            torch.cuda.current_stream().wait_stream(side)
+            ref_loss, ref_out = ref_step(stages, (x,), (y,), num_chunks, criterion)
+            g = max(rel_err(a.grad, b.grad) for m, s in zip(model.module, stages)
+                    for a, b in zip(m.parameters(), s.parameters()))
+            out[f"overlap={overlap}"] = max(rel_err(loss, ref_loss), rel_err(outputs, ref_out[0]), g,
+                                            rel_err(loss_i, ref_loss))
+    finally:
+        dist.destroy_process_group()
+    return out
