@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import rpc
 from .chunk import ChecksumError, ChunkEngine, VersionError, crc32c, inode_prefix, split_chunk_id
@@ -85,6 +86,7 @@ class StorageNode:
         self._hb_now = threading.Event()
         self._rlock = threading.Lock()
         self._syncs: set = set()
+        self._pool = ThreadPoolExecutor(16, thread_name_prefix="local-io")
         self.stats = {"repairs": 0, "syncs": 0, "synced_chunks": 0}
 
     # --- routing ------------------------------------------------------------------------------
@@ -147,22 +149,24 @@ class StorageNode:
         return wl[i + 1] if i + 1 < len(wl) else None, i
 
     # --- CRAQ write path ----------------------------------------------------------------------
-    def _forward(self, chain, tid, cid, ver, off, trunc, data, crc):
+    def _forward(self, chain, tid, cid, ver, off, trunc, data, crc, whole=False):
+        """Send version `ver` to the successor (if any). whole: `data` is the chunk's entire
+        new content, sent as a full-chunk replace."""
         succ, _ = self._successor(chain, tid)
         if succ is None:
             return
         eng = self.engines[tid]
         args = {"chain": chain["id"], "chain_ver": chain["ver"], "chunk": cid.hex(), "ver": ver,
-                "offset": off, "truncate_to": trunc, "crc": crc, "full": False}
+                "offset": off, "truncate_to": trunc, "crc": crc, "full": bool(whole)}
         addr = self.routing.addr_of(succ["id"])
         if addr is None:
             raise ConnectionError(f"no address for target {succ['id']}")
-        if succ["state"] != "syncing":
+        if whole or succ["state"] != "syncing":
             try:
                 self.rpc.call(addr, "fwd", args, data)
                 return
             except rpc.RpcError as e:
-                if e.code != "NEED_FULL":
+                if e.code != "NEED_FULL" or whole:
                     raise
         full = eng.read(cid, pending=eng.meta(cid)["pending_ver"] == ver)
         args.update(offset=0, truncate_to=-1, full=True)
@@ -185,6 +189,19 @@ class StorageNode:
         if nm["pending_crc"] != crc:
             raise rpc.RpcError("NEED_FULL", "content differs from the predecessor's")
 
+    def _local_and_forward(self, local, forward):
+        """Run the local update on a helper thread while forwarding; both must succeed."""
+        fut = self._pool.submit(local)
+        try:
+            forward()
+        except BaseException:
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - the forward's error is the one reported
+                pass
+            raise
+        return fut.result()
+
     def _write(self, args, data):
         tid, chain = self._my(args)
         wl = Routing.write_list(chain)
@@ -192,14 +209,25 @@ class StorageNode:
             raise rpc.RpcError("NOT_HEAD", f"target {tid} is not the head of chain {chain['id']}")
         cid = bytes.fromhex(args["chunk"])
         off, trunc = int(args.get("offset", 0)), int(args.get("truncate_to", -1))
+        d = data if data is not None else b""
         eng = self.engines[tid]
         with self.locks((tid, cid)):
             m = eng.meta(cid)
             latest = (m["pending_ver"] or m["committed_ver"]) if m else 0
+            base = ((m["pending_size"] if m["pending_ver"] else m["size"]) if m else 0)
             ver = latest + 1
-            nm = eng.update(cid, ver, chain["ver"], off, data if data is not None else b"", trunc)
+            # a write covering the whole chunk: its content is known up front, so the local
+            # copy-on-write and the forwarding down the chain run at the same time
+            whole = off == 0 and trunc < 0 and len(d) > 0 and len(d) >= base
             try:
-                self._forward(chain, tid, cid, ver, off, trunc, data, nm["pending_crc"])
+                if whole and self._successor(chain, tid)[0] is not None:
+                    crc = crc32c(d)
+                    self._local_and_forward(
+                        lambda: eng.update(cid, ver, chain["ver"], 0, d, -1),
+                        lambda: self._forward(chain, tid, cid, ver, 0, -1, d, crc, whole=True))
+                else:
+                    nm = eng.update(cid, ver, chain["ver"], off, d, trunc)
+                    self._forward(chain, tid, cid, ver, off, trunc, d, nm["pending_crc"])
             except rpc.RpcError as e:
                 if e.code in ("ENOSPC", "EINVAL", "EFBIG"):
                     eng.abort(cid, ver)  # refused downstream for good: nothing was applied
@@ -211,15 +239,19 @@ class StorageNode:
 
     def _fwd(self, args, data):
         tid, chain = self._my(args)
-        self._successor(chain, tid)
+        succ, _ = self._successor(chain, tid)
         cid = bytes.fromhex(args["chunk"])
-        ver, crc = int(args["ver"]), int(args["crc"])
+        ver, crc, full = int(args["ver"]), int(args["crc"]), bool(args["full"])
+        off, trunc = int(args["offset"]), int(args["truncate_to"])
         with self.locks((tid, cid)):
-            self._apply(tid, chain, cid, ver, int(args["offset"]), int(args["truncate_to"]),
-                        data, crc, bool(args["full"]))
             try:
-                self._forward(chain, tid, cid, ver, int(args["offset"]),
-                              int(args["truncate_to"]), data, crc)
+                if full and succ is not None:
+                    self._local_and_forward(
+                        lambda: self._apply(tid, chain, cid, ver, off, trunc, data, crc, True),
+                        lambda: self._forward(chain, tid, cid, ver, off, trunc, data, crc, True))
+                else:
+                    self._apply(tid, chain, cid, ver, off, trunc, data, crc, full)
+                    self._forward(chain, tid, cid, ver, off, trunc, data, crc)
             except ConnectionError as e:
                 raise rpc.RpcError("RETRY", f"successor unreachable: {e}")
             m = self.engines[tid].meta(cid)
