@@ -1,7 +1,9 @@
 """Benchmark of flash_mla_with_kvcache on a CUDA device, side by side with the peers in one run.
 
 Peers: torch scaled_dot_product_attention over the gathered cache (what a user writes without us),
-the plain-PyTorch reference (flashmla.mla_decode_ref), and FlashInfer's MLA decode when importable.
+a Triton split-KV kernel (triton_mla.py, checked against our output before it is timed), the
+plain-PyTorch reference (flashmla.mla_decode_ref). FlashInfer is only probed for (it is not on the
+H200 image used here and was not carried), so there is no FlashInfer column.
 Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per token), FLOPs =
 2·h_q·s_q·Σseqlen·(576 + 512). Times are medians of CUDA-graph replays (triton do_bench_cudagraph).
 
@@ -14,6 +16,7 @@ import itertools
 import json
 import os
 import random
+import sys
 import time
 
 import torch
@@ -66,8 +69,16 @@ def main():
     if args.quick:
         batches, lens, heads, sqs = [64], [4096, 16384], [16, 128], [1, 2]
     rows = []
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from triton_mla import triton_mla_decode
+        triton_ok = True
+    except ImportError as e:
+        print(f"triton baseline unavailable: {e}")
+        triton_ok = False
     hdr = (f"{'batch':>5} {'seqlen':>6} {'h_q':>4} {'s_q':>3} {'kind':>7} | {'ours us':>8} {'GB/s':>6} "
-           f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'ref us':>8} {'x':>6}")
+           f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'triton':>8} {'x':>5} | "
+           f"{'ref us':>8} {'x':>6}")
     print(hdr)
     for batch, L, h_q, s_q, kind in itertools.product(batches, lens, heads, sqs, ["uniform", "ragged"]):
         rng = random.Random(batch * L + h_q * 7 + s_q)
@@ -80,7 +91,7 @@ def main():
         def ours():
             return torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, scale, causal, False)
 
-        out, _ = ours()
+        out, _lse = ours()
         torch.cuda.synchronize()   # do_bench_cudagraph runs on a side stream: inputs must be ready
         t = bench_graph(ours, rep_ms=40)
         tot = sum(sl_list)
@@ -101,6 +112,18 @@ def main():
         except torch.OutOfMemoryError:
             ts = float("nan")
         rec["sdpa_s"] = ts
+        rec["triton_s"] = float("nan")
+        if triton_ok:
+            try:
+                to, tl_ = triton_mla_decode(q, kc, bt, sl, causal=causal)
+                cos = torch.nn.functional.cosine_similarity(to.float().flatten(), out.float().flatten(), dim=0)
+                if cos > 0.9999 and torch.equal(torch.isinf(tl_), torch.isinf(_lse)):
+                    rec["triton_s"] = bench_graph(lambda: triton_mla_decode(q, kc, bt, sl, causal=causal), rep_ms=20)
+                else:
+                    print(f"      triton baseline disagrees with ours (cosine {cos.item():.6f}): not timed")
+            except Exception as e:  # noqa: BLE001 - a broken peer must not stop the benchmark
+                print(f"      triton baseline failed: {type(e).__name__}: {str(e)[:200]}")
+                triton_ok = False
         if batch == batches[0] and kind == "uniform":   # the Python-loop reference is slow: a subset
             flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
             torch.cuda.synchronize()
@@ -113,7 +136,8 @@ def main():
         rows.append(rec)
         print(f"{batch:>5} {L:>6} {h_q:>4} {s_q:>3} {kind:>7} | {t * 1e6:8.1f} {rec['gbps']:6.0f} "
               f"{rec['tflops']:6.1f} {100 * rec['frac_bw']:4.0f} {100 * rec['frac_mma']:4.0f} | "
-              f"{ts * 1e6:8.1f} {ts / t:5.1f} | {rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f}", flush=True)
+              f"{ts * 1e6:8.1f} {ts / t:5.1f} | {rec['triton_s'] * 1e6:8.1f} {rec['triton_s'] / t:5.1f} | "
+              f"{rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f}", flush=True)
         del q, kc, bt, sl
         torch.cuda.empty_cache()
     if args.fp8 and flashmla.api._C.fp8_kernel():
