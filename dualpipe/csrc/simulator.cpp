@@ -9,6 +9,7 @@
 // down and gradients flow up in one sweep each. REPEAT blocks run from L1 cache.
 #include <algorithm>
 #include <deque>
+#include <memory>
 #include <numeric>
 
 #include "schedule.hpp"
@@ -17,23 +18,22 @@ namespace dualpipe {
 namespace {
 
 struct Channel {  // ring buffer of arrival times (capacity a power of two)
-  std::vector<double> buf = std::vector<double>(8);
-  size_t head = 0, count = 0;
+  std::unique_ptr<double[]> buf{new double[8]};
+  uint32_t mask = 7, head = 0, count = 0;
   void push(double x) {
-    size_t mask = buf.size() - 1;
-    if (count == buf.size()) {
-      std::vector<double> nb(buf.size() * 2);
-      for (size_t i = 0; i < count; ++i) nb[i] = buf[(head + i) & mask];
+    if (count == mask + 1) {
+      std::unique_ptr<double[]> nb(new double[2 * (mask + 1)]);
+      for (uint32_t i = 0; i < count; ++i) nb[i] = buf[(head + i) & mask];
       buf.swap(nb);
       head = 0;
-      mask = buf.size() - 1;
+      mask = 2 * mask + 1;
     }
     buf[(head + count) & mask] = x;
     ++count;
   }
   double pop() {
     double x = buf[head];
-    head = (head + 1) & (buf.size() - 1);
+    head = (head + 1) & mask;
     --count;
     return x;
   }
@@ -45,7 +45,7 @@ struct RankState {
   int64_t executed = 0;
   double t = 0, ready = 0, busy = 0, act = 0, peak = 0;
   bool flushed = false;
-  std::vector<int> recvs;  // channels awaited by the COMMIT in progress
+  int nrecv = 0, recvs[kMaxPosts];  // channels awaited by the COMMIT in progress
   std::vector<int> nf, nb;                 // per phase: micro-batches forwarded / backwarded
   std::deque<std::pair<int, int>> wq;      // (phase, chunk) of queued weight grads (timeline only)
 };
@@ -79,6 +79,15 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
   cost[kB | kZB] = c.b - c.w, dact[kB | kZB] = -1;
   cost[kW] = c.w;
   cost[kFB] = c.fb, bump[kFB] = 1;
+  // route[4 * (rank * Q + phase) + post kind]: the channel a RECV_F / RECV_B reads or a
+  // SEND_F / SEND_B writes (-1: no such neighbour)
+  std::vector<int> route(size_t(P) * Q * 4);
+  for (size_t j = 0; j < size_t(P) * Q; ++j) {
+    route[4 * j + 0] = int(2 * j);
+    route[4 * j + 1] = int(2 * j + 1);
+    route[4 * j + 2] = topo.next[j] < 0 ? -1 : 2 * topo.next[j];
+    route[4 * j + 3] = topo.prev[j] < 0 ? -1 : 2 * topo.prev[j] + 1;
+  }
   std::vector<char> finished(P, 0);
   int remaining = P;
   for (int sweep = 0; remaining > 0; ++sweep) {
@@ -87,6 +96,7 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
     const int r = (sweep & 1) ? P - 1 - k : k;
     if (finished[r]) continue;
     RankState& s = st[r];
+    if (s.flushed && s.ri < size_t(s.nrecv) && ch[s.recvs[s.ri]].count == 0) continue;  // still blocked
     const int64_t ex0 = s.executed;
     const size_t ri0 = s.ri;
     const bool fl0 = s.flushed;
@@ -178,28 +188,20 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
         case kCommit: {
           if (!s.flushed) {  // issue the batch: sends depart now, recvs become awaited
             s.t += c.commit;
-            for (int k = 0; k < op.arg; ++k) {
+            for (int k = 0; k < op.arg; ++k) {  // channel of post (kind, phase): route[4 * (r * Q + phase) + kind]
               const uint8_t post = op.post[k];
-              const int j = topo.index(r, post_phase(post));
-              switch (post_kind(post)) {
-                case kRecvF: s.recvs.push_back(2 * j); break;
-                case kRecvB: s.recvs.push_back(2 * j + 1); break;
-                case kSendF:
-                case kSendB: {
-                  bool fwd = post_kind(post) == kSendF;
-                  int dst = fwd ? topo.next[j] : topo.prev[j];
-                  if (dst < 0) throw std::runtime_error("plan error: send past the end of the pipeline");
-                  Channel& q = ch[2 * dst + (fwd ? 0 : 1)];
-                  q.push(s.t + c.p2p);
-                  break;
-                }
-                default: break;
+              const int q = route[4 * size_t(topo.index(r, post_phase(post))) + (post & 3)];
+              if (q < 0) throw std::runtime_error("plan error: send past the end of the pipeline");
+              if ((post & 3) < 2) {
+                s.recvs[s.nrecv++] = q;
+              } else {
+                ch[q].push(s.t + c.p2p);
               }
             }
             s.flushed = true;
             s.ready = s.t;
           }
-          for (; s.ri < s.recvs.size(); ++s.ri) {
+          for (; s.ri < size_t(s.nrecv); ++s.ri) {
             Channel& q = ch[s.recvs[s.ri]];
             if (q.count == 0) {
               blocked = true;
@@ -209,7 +211,7 @@ SimResult simulate(const Topology& topo, const std::vector<std::vector<Op>>& pla
           }
           if (blocked) continue;  // resume at this COMMIT when woken
           s.t = s.ready;
-          s.recvs.clear();
+          s.nrecv = 0;
           s.ri = 0;
           s.flushed = false;
           break;
