@@ -27,8 +27,9 @@ def server():
     s.stop()
 
 
-def test_roundtrip_and_errors(server):
-    c = rpc.Client(SECRET)
+@pytest.mark.parametrize("client_flags", [rpc.LOCAL_FLAGS, 0])
+def test_roundtrip_and_errors(server, client_flags):
+    c = rpc.Client(SECRET, flags=client_flags)  # with and without the Poly1305 payload MAC
     rng = random.Random(3)
     for n in (0, 1, 4096, 1 << 20, 3 * 1000 * 1000 + 7):
         d = rng.randbytes(n)
@@ -53,7 +54,7 @@ def test_wrong_or_missing_secret_is_refused(server):
         bad.call(server.addr, "echo", {"n": 1})
     # no handshake at all: a frame sent straight away is rejected and the socket closed
     s = socket.create_connection(rpc.parse_addr(server.addr), timeout=5)
-    s.sendall(rpc.HEADER.pack(b"3F", 1, 0, 0, 2, 0) + b"\0" * 16 + b"{}")
+    s.sendall(rpc.HEADER.pack(b"3F", 1, 0, 0, 2, 0) + b"\0" * 16 + b"{}" + b"\0" * 40)
     assert _closed_by_peer(s)
     s.close()
     good = rpc.Client(SECRET)
@@ -64,8 +65,8 @@ def test_wrong_or_missing_secret_is_refused(server):
 
 def _authed_socket(addr):
     s = socket.create_connection(rpc.parse_addr(addr), timeout=5)
-    key = rpc.client_handshake(s, SECRET.encode())
-    return s, key
+    key, flags = rpc.client_handshake(s, SECRET.encode())
+    return s, key, flags
 
 
 def _closed_by_peer(s):
@@ -92,12 +93,11 @@ def test_fuzz_decoder_rejects_and_keeps_serving(server):
         s.close()
     # 2) authenticated connections, then malformed frames
     for i in range(80):
-        s, key = _authed_socket(addr)
-        ch = rpc.Channel(s, key)
+        s, key, fl = _authed_socket(addr)
         meta = b'{"m":"echo"}'
         data = rng.randbytes(rng.randrange(0, 100))
         hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), len(data))
-        frame = bytearray(hdr + rpc._mac(key, hdr, meta, [data]) + meta + data)
+        frame = bytearray(hdr + rpc._mac(key, hdr, meta, [data], fl) + meta + data)
         kind = i % 5
         if kind == 0:  # flip a random byte
             frame[rng.randrange(len(frame))] ^= 1 << rng.randrange(8)
@@ -110,7 +110,7 @@ def test_fuzz_decoder_rejects_and_keeps_serving(server):
         else:  # valid MAC, invalid JSON
             meta = rng.randbytes(20)
             hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), 0)
-            frame = hdr + rpc._mac(key, hdr, meta, []) + meta
+            frame = hdr + rpc._mac(key, hdr, meta, [], fl) + meta
         try:
             s.sendall(bytes(frame))
             s.shutdown(socket.SHUT_WR)  # a length made larger by a flip ends as a truncation
@@ -124,12 +124,12 @@ def test_fuzz_decoder_rejects_and_keeps_serving(server):
 
 
 def test_replayed_frame_is_rejected(server):
-    s, key = _authed_socket(server.addr)
+    s, key, fl = _authed_socket(server.addr)
     meta = b'{"m":"echo","n":1}'
     hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), 0)
-    frame = hdr + rpc._mac(key, hdr, meta, []) + meta
+    frame = hdr + rpc._mac(key, hdr, meta, [], fl) + meta
     s.sendall(frame)
-    ch = rpc.Channel(s, key)
+    ch = rpc.Channel(s, key, fl)
     ch.send_seq = 1
     res, _ = ch.recv(1)
     assert res["n"] == 1
@@ -141,3 +141,17 @@ def test_replayed_frame_is_rejected(server):
 def test_bad_addresses():
     with pytest.raises(ValueError, match="host:port"):
         rpc.parse_addr("localhost")
+
+
+def test_payload_tamper_detected_with_poly1305(server):
+    if not rpc.LOCAL_FLAGS:
+        pytest.skip("cryptography not installed")
+    s, key, fl = _authed_socket(server.addr)
+    assert fl == rpc.FLAG_POLY1305
+    meta, data = b'{"m":"echo"}', bytearray(os.urandom(5000))
+    hdr = rpc.HEADER.pack(b"3F", 1, 0, 0, len(meta), len(data))
+    mac = rpc._mac(key, hdr, meta, [data], fl)
+    data[1234] ^= 1
+    s.sendall(hdr + mac + meta + data)
+    assert _closed_by_peer(s)
+    s.close()
