@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,8 @@ def fio(kind, procs, size, directory, nrand):
     bs = "4k" if kind == "rand-read" else "1M"
     cmd = ["fio", "--name=b", f"--rw={rw}", f"--bs={bs}", f"--size={size}",
            f"--numjobs={procs}", f"--directory={directory}", "--ioengine=psync",
-           "--group_reporting", "--output-format=json", "--end_fsync=0"]
+           "--group_reporting", "--output-format=json", "--end_fsync=0",
+           "--invalidate=0"]  # keep the page cache, as the other two columns do
     if kind == "rand-read":
         cmd.append(f"--number_ios={nrand}")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -157,9 +159,10 @@ def main(argv=None):
     ap.add_argument("--size-mib", type=int, default=128, help="total MiB per workload")
     ap.add_argument("--procs", default="1,2,4")
     ap.add_argument("--rand-reads", type=int, default=2000, help="4 KiB reads per process")
-    ap.add_argument("--meta-ops", type=int, default=500)
+    ap.add_argument("--meta-ops", type=int, default=1000)
     ap.add_argument("--fsync", default="none", choices=["none", "data", "full"])
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is kept")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from threefs import LocalCluster, __version__
@@ -177,20 +180,23 @@ def main(argv=None):
                 tpaths = [f"/b{p}_{i}" for i in range(p)]
                 lpaths = [f"{local}/b{p}_{i}" for i in range(p)]
                 for kind in ("seq-write", "seq-read", "rand-read"):
-                    n, dt = run_parallel(_tfs_worker, kind, p, (cl.mgmtd_addrs, cl.secret),
-                                         tpaths, per, a.rand_reads)
-                    ln, ldt = run_parallel(_local_worker, kind, p, (None, None), lpaths, per,
-                                           a.rand_reads)
-                    fdir = os.path.join(root, f"fio{p}")
-                    os.makedirs(fdir, exist_ok=True)
-                    fio_v = fio(kind, p, per, fdir, a.rand_reads)
-                    if kind == "rand-read":
-                        ours, peer = n / 4096 / dt, ln / 4096 / ldt
-                        fio_v = fio_v * MiB / 4096 if fio_v else None
-                        unit = "IOPS"
-                    else:
-                        ours, peer = n / MiB / dt, ln / MiB / ldt
-                        unit = "MiB/s"
+                    div = 4096 if kind == "rand-read" else MiB
+                    unit = "IOPS" if kind == "rand-read" else "MiB/s"
+                    ours_l, peer_l, fio_l = [], [], []
+                    for _ in range(a.repeat):  # interleaved, so load changes hit all three
+                        n, dt = run_parallel(_tfs_worker, kind, p, (cl.mgmtd_addrs, cl.secret),
+                                             tpaths, per, a.rand_reads)
+                        ln, ldt = run_parallel(_local_worker, kind, p, (None, None), lpaths, per,
+                                               a.rand_reads)
+                        fdir = os.path.join(root, f"fio{p}")
+                        os.makedirs(fdir, exist_ok=True)
+                        fv = fio(kind, p, per, fdir, a.rand_reads)
+                        ours_l.append(n / div / dt)
+                        peer_l.append(ln / div / ldt)
+                        if fv is not None:
+                            fio_l.append(fv * MiB / div)
+                    ours, peer = statistics.median(ours_l), statistics.median(peer_l)
+                    fio_v = statistics.median(fio_l) if fio_l else None
                     rows.append({"workload": kind, "procs": p, "unit": unit, "threefs": ours,
                                  "local_fs": peer, "fio": fio_v, "ratio": ours / peer})
                     print(f"{kind:10s} procs={p}  threefs {ours:9.1f} {unit:5s}  local fs "
@@ -217,7 +223,8 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"version": __version__, "fsync": a.fsync, "size_mib": a.size_mib,
-                       "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
+                       "repeat": a.repeat, "cpus": os.cpu_count(),
+                       "loadavg_end": os.getloadavg(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
