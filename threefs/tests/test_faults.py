@@ -124,3 +124,45 @@ def test_fill_disk_gives_enospc_and_corrupts_nothing(tmp_path):
                 assert time.time() < end
                 time.sleep(0.2)
         fs.close()
+
+
+def test_crashed_client_sessions_expire(tmp_path):
+    import subprocess
+    import sys
+    with LocalCluster(str(tmp_path / "sess"), 3, 3, session_timeout_s=1.5) as c:
+        fs = c.client(uid=0, gid=0, deadline_s=20)
+        prog = f"""
+import os, threefs
+fs = threefs.Client({c.mgmtd_addrs!r}, {c.secret!r}, uid=0, gid=0)
+a = fs.open("/crashlen", "wb"); a.write(b"x" * 1_500_000)
+b = fs.open("/orphan", "wb"); b.write(os.urandom(2_500_000))
+print("ready", flush=True)
+import time; time.sleep(3)  # the renewer keeps both sessions alive meanwhile
+os.kill(os.getpid(), 9)     # crash without closing
+"""
+        p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE)
+        assert p.stdout.readline().strip() == b"ready"
+        ino = fs.stat("/orphan")
+        fs.remove("/orphan")  # unlinked while the crashed client still has it open
+        time.sleep(2.5)
+        assert fs.stat("/crashlen")["size"] == 0  # sessions still renewed: length not settled
+        p.wait(timeout=20)
+        rc = c.rpc_client()
+
+        def chunks():
+            n = 0
+            for name, pr in c.procs.items():
+                if pr["service"] == "storage":
+                    for ch in ino["layout"]["chains"]:
+                        res, _ = rc.call(pr["addr"], "meta_list",
+                                         {"chain": ch, "prefix": ino["id"].to_bytes(8, "big").hex()})
+                        n += len(res["chunks"])
+            return n
+        assert chunks() > 0
+        end = time.time() + 20
+        while (chunks() or fs.stat("/crashlen")["size"] != 1_500_000) and time.time() < end:
+            time.sleep(0.2)
+        assert chunks() == 0  # the expired session let garbage collection run
+        assert fs.stat("/crashlen")["size"] == 1_500_000  # length settled from the storage
+        rc.close()
+        fs.close()

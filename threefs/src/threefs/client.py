@@ -14,6 +14,7 @@ import io
 import os
 import random
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from . import rpc
@@ -56,6 +57,30 @@ class Client:
         self._meta_i = random.randrange(1 << 16)
         self._pool = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
         self.max_file_size = None
+        # write sessions are leases: a background thread renews those of open files
+        self._writers: "weakref.WeakSet[File]" = weakref.WeakSet()
+        self._renew_every = None
+        self._stop = threading.Event()
+        self._renewer = None
+
+    def _track(self, f: "File", timeout: float):
+        self._writers.add(f)
+        every = max(0.2, timeout / 3)
+        self._renew_every = min(self._renew_every or every, every)
+        if self._renewer is None:
+            self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
+                                             name="threefs-renew")
+            self._renewer.start()
+
+    def _renew_loop(self):
+        while not self._stop.wait(self._renew_every):
+            sess = [[f.attrs["id"], f.session] for f in list(self._writers)
+                    if not f.closed and f.session]
+            if sess:
+                try:
+                    self._meta("renew", sessions=sess)
+                except Exception:  # noqa: BLE001 - retried next period
+                    pass
 
     # --- meta calls with fail-over -----------------------------------------------------------
     def _meta(self, method: str, **args):
@@ -175,7 +200,10 @@ class Client:
             raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
         flags, append = _MODES[mode]
         r = self._meta("open", path=path, flags=sorted(flags), mode=perm)
-        return File(self, path, r["attrs"], r["session"], flags, append)
+        f = File(self, path, r["attrs"], r["session"], flags, append)
+        if r["session"]:
+            self._track(f, float(r.get("session_timeout", 60.0)))
+        return f
 
     def _max_size(self) -> int:
         if self.max_file_size is None:
@@ -267,6 +295,7 @@ class Client:
         return [bytes(o) for o in outs]
 
     def close(self):
+        self._stop.set()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self.rpc.close()

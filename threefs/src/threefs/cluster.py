@@ -62,7 +62,8 @@ class LocalCluster:
     def __init__(self, root: str, storage_nodes: int = 3, replicas: int = 3, chains: int | None = None,
                  mgmtd: int = 1, meta: int = 1, fsync: str = "none", capacity: int = 1 << 40,
                  chunk_size: int = 1 << 20, stripe: int | None = None, kv: dict | None = None,
-                 heartbeat_timeout_s: float = 2.0, secret: str | None = None):
+                 heartbeat_timeout_s: float = 2.0, secret: str | None = None,
+                 session_timeout_s: float = 60.0):
         if not 1 <= replicas <= storage_nodes:
             raise ValueError(f"replicas must be in 1..storage_nodes ({storage_nodes}), got {replicas}")
         self.root = os.path.abspath(root)
@@ -74,6 +75,7 @@ class LocalCluster:
         self.stripe = stripe or self.nchains
         self.kv = kv
         self.hb_timeout = heartbeat_timeout_s
+        self.session_timeout = session_timeout_s
         self.procs: dict[str, dict] = {}
 
     # --- configs -------------------------------------------------------------------------------
@@ -102,7 +104,8 @@ class LocalCluster:
             cfgs[f"meta{i + 1}"] = ("meta", {
                 "node_id": f"meta{i + 1}", "listen": f"127.0.0.1:{free_port()}", **common,
                 "kv": self.kv or {"backend": "sqlite", "path": f"{self.root}/meta.sqlite"},
-                "chunk_size": self.chunk_size, "stripe": self.stripe, "heartbeat_s": 0.25})
+                "chunk_size": self.chunk_size, "stripe": self.stripe, "heartbeat_s": 0.25,
+                "session_timeout_s": self.session_timeout})
         for i in range(self.n):
             nid = f"s{i + 1}"
             tl = [{"id": int(t), "path": f"{self.root}/data/{nid}/t{t}", "capacity": self.capacity}

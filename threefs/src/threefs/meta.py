@@ -4,6 +4,9 @@ Keys:  b"I" + inode id (u64 BE)            -> inode (JSON)
        b"D" + parent id (u64 BE) + name     -> directory entry {"id": child inode id}
        b"N"                                 -> next inode id
        b"G" + inode id                      -> file whose chunks await garbage collection
+       b"S" + inode id + session id         -> last renewal time of a write session (a lease:
+                                               sessions of clients that stop renewing are
+                                               closed by the meta service, settling the length)
 Files keep their layout: chunk size, stripe and the chains of their chunks (chunk i goes to
 chains[i % stripe]). A file's length is settled on close/fsync by asking, for each chain, the
 storage for its last chunk of the file.
@@ -34,6 +37,10 @@ def E(code, msg=""):
 
 def ikey(i: int) -> bytes:
     return b"I" + struct.pack(">Q", i)
+
+
+def skey(i: int, sid: str) -> bytes:
+    return b"S" + struct.pack(">Q", i) + sid.encode()
 
 
 def dkey(parent: int, name: str) -> bytes:
@@ -103,6 +110,7 @@ class MetaService:
         self.chunk_size = int(cfg.get("chunk_size", 1 << 20))
         self.stripe = int(cfg.get("stripe", 3))
         self.max_file_size = int(cfg.get("max_file_size", 1 << 40))
+        self.session_timeout = float(cfg.get("session_timeout_s", 60.0))
         self.rpc = rpc.Client(cfg["secret"])
         self.mgmtd = MgmtdClient(cfg["mgmtd"], self.rpc)
         self.server = rpc.Server(cfg["listen"], cfg["secret"], self.handle, name="meta")
@@ -273,13 +281,15 @@ class MetaService:
                 ino["mtime"] = ino["ctime"] = time.time()
             if sid:
                 ino.setdefault("sessions", {})[sid] = time.time()
+                t.put(skey(ino["id"], sid), str(time.time()).encode())
             self._put(t, ino)
             return ino, trunc
 
         ino, trunc = self.kv.transact(txn)
         if trunc:
             self._remove_chunks(ino)
-        return {"attrs": public_attrs(ino), "session": sid}
+        return {"attrs": public_attrs(ino), "session": sid,
+                "session_timeout": self.session_timeout}
 
     def _remove_chunks(self, ino):
         for c in ino["layout"]["chains"]:
@@ -316,6 +326,7 @@ class MetaService:
                 ino["mtime"] = ino["ctime"] = time.time()
             if close:
                 del ino["sessions"][sid]
+                t.delete(skey(iid, sid))
                 if ino["nlink"] <= 0 and not ino["sessions"]:
                     ino["nlink"] = 1
                     self._drop_link(t, ino)
@@ -329,6 +340,19 @@ class MetaService:
 
     def op_fsync(self, a, user):
         return self._settle(a, user, False)
+
+    def op_renew(self, a, user):
+        """Renew write-session leases: a["sessions"] = [[inode, session], ...]."""
+        def txn(t):
+            lost = []
+            for iid, sid in a["sessions"]:
+                k = skey(int(iid), str(sid))
+                if t.get(k) is None:
+                    lost.append([iid, sid])
+                else:
+                    t.put(k, str(time.time()).encode())
+            return lost
+        return {"lost": self.kv.transact(txn)}
 
     def op_mkdir(self, a, user):
         def txn(t):
@@ -566,7 +590,20 @@ class MetaService:
             raise E("EINVAL", f"bad arguments: {e!r}")
 
     # --- background: heartbeat + garbage collection ----------------------------------------------
+    def _expire_sessions(self):
+        now = time.time()
+        rows = self.kv.transact(lambda t: t.scan(b"S", limit=256))
+        for k, v in rows:
+            if now - float(v) > self.session_timeout:
+                iid, sid = struct.unpack(">Q", k[1:9])[0], k[9:].decode()
+                self.log.info("write session %s of inode %d expired; closing it", sid, iid)
+                try:
+                    self._settle({"inode": iid, "session": sid}, User(None), True)
+                except rpc.RpcError:  # inode or session already gone
+                    self.kv.transact(lambda t: t.delete(k))
+
     def _gc_round(self):
+        self._expire_sessions()
         rows = self.kv.transact(lambda t: t.scan(b"G", limit=64))
         for k, v in rows:
             iid = struct.unpack(">Q", k[1:])[0]
