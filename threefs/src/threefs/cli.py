@@ -79,6 +79,8 @@ def main(argv=None) -> int:
     c.add_argument("--mgmtd", type=int, default=1)
     c.add_argument("--meta", type=int, default=1)
     c.add_argument("--fsync", default="none", choices=["none", "data", "full"])
+    c.add_argument("--kv", default="sqlite", choices=["sqlite", "etcd"],
+                   help="etcd: start three etcd members in DIR for meta and mgmtd state")
     sub.add_parser("status", help="nodes, chains, target states and versions")
     fl = sub.add_parser("faults", help="kill -9 fault campaign on a temporary local cluster")
     fl.add_argument("--rounds", type=int, default=1, help="times each storage node is killed")
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
             print(f"stopped {n} processes of the cluster in {a.cdir}")
             return 0
         lc = LocalCluster(a.cdir, a.storage_nodes, a.replicas, a.chains, a.mgmtd, a.meta,
-                          fsync=a.fsync).start()
+                          fsync=a.fsync, kv=None if a.kv == "sqlite" else "etcd").start()
         print(f"threefs cluster up in {lc.root}: mgmtd {','.join(lc.mgmtd_addrs)}")
         print_status(lc.status())
         print(f"use it with:  export THREEFS_CLUSTER={lc.root}; threefs ls /   "

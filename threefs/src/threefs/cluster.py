@@ -55,6 +55,8 @@ def dump_toml(d: dict) -> str:
 class LocalCluster:
     """A cluster of real processes under `root`.
 
+    kv: None (SQLite files under root), "etcd" (start three etcd members under root) or a spec
+    {"backend": "etcd", "endpoints": [...]} of an existing etcd cluster.
     storage_nodes, replicas: chain layout (chains = storage_nodes by default, chain i on nodes
     i, i+1, ... mod n); mgmtd / meta: number of instances; capacity: bytes per target.
     """
@@ -164,8 +166,19 @@ class LocalCluster:
         os.chmod(tmp, 0o600)
         os.replace(tmp, f"{self.root}/cluster.json")
 
+    def _start_etcd(self):
+        from .kv_etcd import EtcdCluster
+        ec = EtcdCluster(f"{self.root}/etcd").start()
+        for name, proc in ec.procs.items():
+            self.procs[f"etcd-{name}"] = {"service": "etcd", "config": None, "pid": proc.pid,
+                                         "proc": proc, "addr": f"127.0.0.1:{ec.client_ports[name]}"}
+        self.kv = {"backend": "etcd", "endpoints": ec.endpoints}
+
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         os.makedirs(self.root, exist_ok=True)
+        os.makedirs(f"{self.root}/logs", exist_ok=True)
+        if self.kv == "etcd":  # three etcd members on loopback hold meta and mgmtd state
+            self._start_etcd()
         self._write_configs()
         order = ([k for k in self.procs if k.startswith("mgmtd")] +
                  [k for k in self.procs if self.procs[k]["service"] == "storage"] +
@@ -183,7 +196,7 @@ class LocalCluster:
         return self
 
     def stop(self):
-        for name in list(self.procs):
+        for name in sorted(self.procs, key=lambda n: self.procs[n]["service"] == "etcd"):
             if self.procs[name].get("pid"):
                 self.kill(name, signal.SIGTERM)
 
