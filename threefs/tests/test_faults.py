@@ -166,3 +166,47 @@ os.kill(os.getpid(), 9)     # crash without closing
         assert fs.stat("/crashlen")["size"] == 1_500_000  # length settled from the storage
         rc.close()
         fs.close()
+
+
+def test_all_replicas_down_lastsrv_comes_back_first(tmp_path):
+    """Kill every storage node under load (s1 last): s1's targets become lastsrv; s2 and s3
+    come back first and must wait (never serve stale data); once s1 is back the chains serve
+    again, the others sync, and no acknowledged write is lost."""
+    import threading
+    with LocalCluster(str(tmp_path / "all"), 3, 3, chunk_size=256 * 1024,
+                      heartbeat_timeout_s=1.5) as c:
+        fs = c.client(uid=0, gid=0, deadline_s=60)
+        ck = faults.Checker(fs, files=2, seed=1)
+        ck.setup()
+        ths = [threading.Thread(target=ck.writer, args=(i,), daemon=True) for i in range(2)]
+        ths += [threading.Thread(target=ck.reader, args=(i,), daemon=True) for i in range(1)]
+        for t in ths:
+            t.start()
+        try:
+            time.sleep(1)
+            for n in ("s3", "s2", "s1"):
+                c.kill(n)
+                assert faults.wait_state(c, n, ("offline", "lastsrv"), 30)
+            st = c.status()
+            assert all([t["state"] for t in ch["targets"]] == ["lastsrv", "offline", "offline"]
+                       for ch in st["chains"])
+            acked_before = ck.stats["writes_acked"]
+            c.start_process("s2")
+            c.start_process("s3")
+            assert faults.wait_state(c, "s2", ("waiting",), 20)
+            assert faults.wait_state(c, "s3", ("waiting",), 20)
+            time.sleep(1)
+            assert ck.stats["writes_acked"] == acked_before  # nothing serves without s1
+            c.start_process("s1")
+            c.wait_serving(60)
+            time.sleep(1)
+        finally:
+            ck.stop.set()
+            for t in ths:
+                t.join(90)
+        assert ck.stats["writes_acked"] > acked_before
+        assert ck.verify() == 0 and ck.stats["reads_bad"] == 0
+        for f in ck.handles.values():
+            f.close()
+        assert faults.replicas_identical(c)
+        fs.close()

@@ -27,7 +27,10 @@ def _h(b: bytes) -> str:
 class Checker:
     def __init__(self, fs, files: int = 2, blocks: int = 24, seed: int = 0):
         self.fs = fs
-        self.paths = [f"/faults/w{i}" for i in range(files)]
+        # even writers: partial-chunk writes (64 KiB blocks in bigger chunks); odd writers: every
+        # write covers a whole 64 KiB chunk (the path that forwards while writing locally)
+        self.paths = [f"/faults/w{i}" if i % 2 == 0 else f"/faults/whole/w{i}"
+                      for i in range(files)]
         self.blocks = blocks
         self.lock = threading.Lock()
         self.acked: dict = {}      # (path, block) -> hash of the last acknowledged write
@@ -41,6 +44,7 @@ class Checker:
 
     def setup(self):
         self.fs.makedirs("/faults")
+        self.fs.mkdir("/faults/whole", chunk_size=BLOCK)
         zero = bytes(BLOCK)
         for p in self.paths:
             f = self.fs.open(p, "wb")
