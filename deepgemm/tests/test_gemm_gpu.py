@@ -3,6 +3,7 @@ Shapes: DeepSeek-V3's dense (N, K) pairs, MoE grouped layouts, unaligned M, mask
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,6 +159,24 @@ def test_cuda_graph_masked():
             assert d[gi, m:].float().isnan().all()
             if m:
                 _check(d[gi, :m], r[gi, :m])
+
+
+@pytest.mark.parametrize("epi", ["staged", "direct"])
+@pytest.mark.parametrize("ksplit", ["1", "0"])
+def test_cuda_graph_masked_replays(ksplit, epi):
+    """200 replays of a captured masked GEMM (8 x 64 rows, N=4096, K=7168: where ci/gpu saw the
+    intermittent launch failure with the K split), each bit-identical to the eager result; in a
+    separate process, since a CUDA error is sticky and a broken pipeline can hang."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "repro_masked.py"
+    env = dict(os.environ, DEEPGEMM_KSPLIT=ksplit, DEEPGEMM_EPILOGUE=epi)
+    env.pop("REPRO_FORCE_STAGES", None)
+    try:
+        r = subprocess.run([sys.executable, str(script), "--one", "--replays", "200"], env=env,
+                           capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("no result in 240 s: the kernel hangs")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert "ok:" in r.stdout and (f"ksplit={ksplit}" in r.stdout), r.stdout
 
 
 def test_torch_compile_cuda():

@@ -58,11 +58,30 @@ def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, k
 
 
 def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0) -> int:
+    """Deepest pipeline that fits in shared memory (no deeper than the K blocks). With the K split
+    the depth is even, so that every stage is always consumed by the same warpgroup (see
+    stages_ok_for_ksplit)."""
     kb = k // (128 if fp8 else 64)
     s = cap
     while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit) > SMEM_LIMIT:
         s -= 1
-    return max(1, min(s, max(kb, 2)))
+    s = max(1, min(s, max(kb, 2)))
+    if ksplit and s % 2:
+        s -= 1
+    return s
+
+
+def stages_ok_for_ksplit(stages: int) -> bool:
+    """The K split's two consumer warpgroups take alternate K blocks (kb % 2) and each waits only on
+    the full barriers of its own blocks. With an odd number of stages a stage alternates between the
+    warpgroups, so a warpgroup skips the other's phase of that barrier; `mbarrier.try_wait.parity`
+    only tells a phase from the one before it, so if the other warpgroup's TMA load into the stage has
+    not landed yet (TMA loads may complete out of order) the wait passes at once: the warpgroup reads a
+    stage still being written and releases it early, after which the producer and the barriers are
+    out of step (ci/gpu's intermittent launch failure ran with 7 stages). With an even number of stages
+    a stage belongs to one warpgroup within a tile, and named barrier 3 orders the warpgroups at every
+    tile end (tests/pipeline_model.py checks both claims)."""
+    return stages % 2 == 0
 
 
 def tile_cost(bm: int, bn: int) -> float:
@@ -100,8 +119,10 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
     ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
-    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn,
-                  max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit), epi, ksplit)
+    stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit)
+    if ksplit and not stages_ok_for_ksplit(stages):
+        raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
+    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit)
 
 
 # source generation

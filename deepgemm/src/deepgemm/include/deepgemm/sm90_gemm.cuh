@@ -134,6 +134,11 @@ struct SmemPlan {
 // padded shared-memory tile -> 16-byte coalesced global stores.
 // KSPLIT = 1 (FP8, BM = 64): two consumer warpgroups share each 64-row tile, taking alternate K
 // blocks; warpgroup 1 hands its partial sums to warpgroup 0 through shared memory at the end.
+// STAGES must then be even (the host guarantees it): each warpgroup waits only on the full barriers
+// of its own K blocks, and a parity wait cannot tell a phase from the one two phases earlier, so a
+// stage must never alternate between the warpgroups within a tile (named barrier 3 orders them
+// across tiles). With odd STAGES a warpgroup could pass the wait while the other's TMA load into
+// that stage was still in flight (see stages_ok_for_ksplit in deepgemm/jit/kernels.py).
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,

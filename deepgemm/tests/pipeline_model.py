@@ -1,0 +1,127 @@
+"""An executable model of the SM90 kernel's TMA/mbarrier pipeline (sm90_gemm.cuh), for CPU tests.
+
+It replays the producer / consumer protocol of one CTA under random interleavings and random
+(out-of-order) TMA completion times, with the PTX semantics of `mbarrier.try_wait.parity` (a wait for
+parity p passes while the barrier's current, incomplete phase has the other parity), and reports
+protocol violations:
+  - "early read": a consumer passed the full-barrier wait of fill i while stage i % STAGES did not yet
+    hold fill i's bytes (it would read stale or half-written shared memory);
+  - "over-arrival": an arrive on a barrier phase that has no pending arrivals left (undefined in PTX);
+  - "exit with TMA in flight": every thread finished while a bulk copy was still writing shared memory.
+
+Modelled: one producer thread filling stages in order; KSPLIT = 1: two consumer warpgroups taking
+alternate K blocks of each tile (kb % 2), each warpgroup's release counted as one arrival on a
+barrier initialised with count 1 (the kernel: 4 warps, count 4), and the named barrier 3 that
+both warpgroups pass at the end of every tile; KSPLIT = 0: one warpgroup takes every K block.
+"""
+from __future__ import annotations
+
+import random
+
+
+class MBarrier:
+    def __init__(self, count: int):
+        self.count, self.pending, self.tx, self.completed = count, count, 0, 0
+
+    def passes(self, parity: int) -> bool:  # mbarrier.try_wait.parity
+        return (self.completed & 1) != parity
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.completed += 1
+            self.pending = self.count
+
+    def arrive(self, tx: int = 0) -> bool:
+        """Returns False on an over-arrival (no arrival pending in the current phase)."""
+        ok = self.pending > 0
+        self.pending -= 1
+        self.tx += tx
+        self._maybe_complete()
+        return ok
+
+    def complete_tx(self, tx: int):
+        self.tx -= tx
+        self._maybe_complete()
+
+
+def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_tma: bool = False) -> list[str]:
+    """One random run of one CTA that computes `tiles` tiles of `kb` K blocks. Returns violations."""
+    rng = random.Random(seed)
+    nwg = 2 if ksplit else 1
+    full = [MBarrier(1) for _ in range(stages)]
+    empty = [MBarrier(1) for _ in range(stages)]
+    landed = [-1] * stages  # which fill's bytes stage s holds
+    in_flight: list[int] = []  # fills whose TMA has not completed, in issue order
+    total = tiles * kb
+    prod = 0  # next fill the producer issues
+    # each consumer's program: ("fill", i) for its K blocks, ("bar3", tile) at the end of each tile
+    progs = []
+    for w in range(nwg):
+        p = []
+        for t in range(tiles):
+            p += [("fill", t * kb + k) for k in range(w, kb, nwg)]
+            if ksplit:
+                p.append(("bar3", t))
+        progs.append(p)
+    pc = [0] * nwg
+    bar3 = [0] * tiles  # arrivals at named barrier 3, per tile
+    arrived = [False] * nwg
+    viol: list[str] = []
+    while True:
+        actions = []
+        if prod < total and empty[prod % stages].passes(((prod // stages) & 1) ^ 1):
+            actions.append("produce")
+        if in_flight:
+            actions.append("land")
+        for w in range(nwg):
+            if pc[w] >= len(progs[w]):
+                continue
+            op, i = progs[w][pc[w]]
+            if op == "fill" and full[i % stages].passes((i // stages) & 1):
+                actions.append(w)
+            if op == "bar3" and (not arrived[w] or bar3[i] == nwg):
+                actions.append(w)
+        if not actions:
+            break
+        a = rng.choice(actions)
+        if a == "produce":
+            s = prod % stages
+            if not full[s].arrive(tx=1):
+                viol.append(f"over-arrival on full[{s}] by fill {prod}")
+            in_flight.append(prod)
+            prod += 1
+        elif a == "land":
+            j = in_flight.pop(0 if in_order_tma else rng.randrange(len(in_flight)))
+            landed[j % stages] = j
+            full[j % stages].complete_tx(1)
+        else:
+            w = a
+            op, i = progs[w][pc[w]]
+            if op == "fill":
+                s = i % stages
+                if landed[s] != i:
+                    viol.append(f"early read: warpgroup {w} read fill {i} from stage {s} holding fill {landed[s]}")
+                if not empty[s].arrive():
+                    viol.append(f"over-arrival on empty[{s}] by warpgroup {w} (fill {i})")
+                pc[w] += 1
+            elif not arrived[w]:  # bar.sync 3: arrive, then pass once every warpgroup has arrived
+                arrived[w] = True
+                bar3[i] += 1
+            else:
+                arrived[w] = False
+                pc[w] += 1
+    if any(pc[w] < len(progs[w]) for w in range(nwg)) or prod < total:
+        viol.append(f"deadlock: producer at {prod}/{total}, consumers at {pc}")
+    if in_flight:
+        viol.append(f"exit with TMA in flight: fills {in_flight}")
+    return viol
+
+
+def find_violation(stages: int, kb: int, tiles: int, ksplit: int, runs: int = 200,
+                   in_order_tma: bool = False) -> list[str]:
+    """Violations of the first of `runs` random runs that has any (empty list: none found)."""
+    for seed in range(runs):
+        v = simulate(stages, kb, tiles, ksplit, seed, in_order_tma)
+        if v:
+            return v
+    return []
