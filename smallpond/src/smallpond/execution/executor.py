@@ -125,6 +125,9 @@ def _main_hidden():
 
 
 def _worker_main(conn) -> None:
+    import duckdb  # noqa: F401  (warm the imports every task needs while the driver plans)
+    import pyarrow.compute  # noqa: F401
+    from . import shuffle  # noqa: F401
     while True:
         try:
             task = conn.recv()

@@ -69,7 +69,7 @@ def run_hash(task: Task, tmp: str) -> List[str]:
     names = [f"part-{j:05d}.parquet" for j in range(n)]
     seed = int(hashlib.sha1(task.key.encode()).hexdigest()[:8], 16)
     rng = np.random.default_rng(seed)
-    con = connect(task)
+    con = _LazyConnection(task)
     writers = [None] * n
     buffers: List[List[pa.RecordBatch]] = [[] for _ in range(n)]
     sizes = [0] * n
@@ -79,7 +79,10 @@ def run_hash(task: Task, tmp: str) -> List[str]:
         if not buffers[j]:
             return
         if writers[j] is None:
-            writers[j] = pq.ParquetWriter(os.path.join(tmp, names[j]), out_schema, compression=task.compression)
+            # shuffle files are intermediates read once: plain encoding writes much faster than
+            # dictionary encoding for high-cardinality keys and payloads
+            writers[j] = pq.ParquetWriter(os.path.join(tmp, names[j]), out_schema, compression=task.compression,
+                                          use_dictionary=False)
         writers[j].write_table(pa.Table.from_batches(buffers[j], schema=out_schema))
         buffers[j], sizes[j] = [], 0
 
@@ -115,6 +118,22 @@ def run_hash(task: Task, tmp: str) -> List[str]:
         if writers[j] is None:  # empty output partition: a zero-row file keeps the schema
             pq.write_table(out_schema.empty_table(), os.path.join(tmp, names[j]), compression=task.compression)
     return names
+
+
+class _LazyConnection:
+    """A DuckDB connection opened on first use (plain Parquet input never needs one)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task, self.con = task, None
+
+    def __getattr__(self, name):
+        if self.con is None:
+            self.con = connect(self.task)
+        return getattr(self.con, name)
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
 
 
 def _quote(c: str) -> str:
