@@ -7,7 +7,11 @@ H200 image used here and was not carried), so there is no FlashInfer column.
 Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per token), FLOPs =
 2·h_q·s_q·Σseqlen·(576 + 512). Times are medians of CUDA-graph replays (triton do_bench_cudagraph).
 
-    python flashmla/benchmarks/bench_decode.py [--quick] [--json PATH]
+    python flashmla/benchmarks/bench_decode.py [--quick] [--json PATH] [--kernels default,wgmma]
+
+--kernels times each listed kernel variant (FLASHMLA_KERNEL) on every shape; the first is "ours"
+in the table, each further one gets its own columns (time, TFLOPS, speed relative to the first)
+after its output was checked against the first's.
 """
 from __future__ import annotations
 
@@ -56,7 +60,14 @@ def main():
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
     ap.add_argument("--compare-ksplit", action="store_true",
                     help="for s_q*h_q <= 32 also time the key-split S phase (FLASHMLA_KSPLIT=0)")
+    ap.add_argument("--kernels", default="default",
+                    help="comma-separated FLASHMLA_KERNEL variants to time side by side (default, wgmma)")
     args = ap.parse_args()
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    bad = [k for k in kernels if k not in ("default", "wgmma")]
+    if not kernels or bad:
+        ap.error(f"--kernels: expected a comma-separated subset of default,wgmma, got {args.kernels!r}")
+    os.environ["FLASHMLA_KERNEL"] = kernels[0]
     assert torch.cuda.is_available() and flashmla.cuda_available(), "needs CUDA and the compiled kernels"
     try:
         import flashinfer  # noqa: F401
@@ -78,7 +89,7 @@ def main():
         triton_ok = False
     hdr = (f"{'batch':>5} {'seqlen':>6} {'h_q':>4} {'s_q':>3} {'kind':>7} | {'ours us':>8} {'GB/s':>6} "
            f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'triton':>8} {'x':>5} | "
-           f"{'ref us':>8} {'x':>6}")
+           f"{'ref us':>8} {'x':>6}" + "".join(f" | {k[:8]:>8} {'TFLOPS':>6} {'speed':>5}" for k in kernels[1:]))
     print(hdr)
     for batch, L, h_q, s_q, kind in itertools.product(batches, lens, heads, sqs, ["uniform", "ragged"]):
         rng = random.Random(batch * L + h_q * 7 + s_q)
@@ -104,6 +115,21 @@ def main():
             rec["ours_keysplit_s"] = bench_graph(ours, rep_ms=40)
             del os.environ["FLASHMLA_KSPLIT"]
             print(f"      (key-split S phase: {rec['ours_keysplit_s'] * 1e6:.1f} us)")
+        rec["kernel"] = kernels[0]
+        extra = ""
+        for k in kernels[1:]:   # the other variants: self-check against the first, then time
+            os.environ["FLASHMLA_KERNEL"] = k
+            ko, kl = ours()
+            cos = torch.nn.functional.cosine_similarity(ko.float().flatten(), out.float().flatten(), dim=0)
+            if cos > 0.99999 and torch.equal(torch.isinf(kl), torch.isinf(_lse)):
+                torch.cuda.synchronize()
+                tk = bench_graph(ours, rep_ms=40)
+            else:
+                print(f"      kernel {k} disagrees with {kernels[0]} (cosine {cos.item():.7f}): not timed")
+                tk = float("nan")
+            rec[f"{k}_s"] = tk
+            extra += f" | {tk * 1e6:8.1f} {flops / tk / 1e12:6.1f} {t / tk:5.2f}"
+            os.environ["FLASHMLA_KERNEL"] = kernels[0]
         rec["frac_bw"] = nbytes / t / COPY_BW
         rec["frac_mma"] = flops / t / BF16_PEAK
         lmax = max(sl_list)
@@ -137,7 +163,7 @@ def main():
         print(f"{batch:>5} {L:>6} {h_q:>4} {s_q:>3} {kind:>7} | {t * 1e6:8.1f} {rec['gbps']:6.0f} "
               f"{rec['tflops']:6.1f} {100 * rec['frac_bw']:4.0f} {100 * rec['frac_mma']:4.0f} | "
               f"{ts * 1e6:8.1f} {ts / t:5.1f} | {rec['triton_s'] * 1e6:8.1f} {rec['triton_s'] / t:5.1f} | "
-              f"{rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f}", flush=True)
+              f"{rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f}{extra}", flush=True)
         del q, kc, bt, sl
         torch.cuda.empty_cache()
     if args.fp8 and flashmla.api._C.fp8_kernel():
@@ -158,7 +184,8 @@ def main():
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, rows=rows), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, kernels=kernels, rows=rows),
+                      f, indent=1)
 
 
 if __name__ == "__main__":

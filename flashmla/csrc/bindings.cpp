@@ -27,7 +27,7 @@ PYBIND11_MODULE(_C, m) {
                                         reinterpret_cast<void*>(stream)),
           "get_mla_metadata kernel");
   });
-  m.def("mla_decode", [](int64_t q, int64_t kcache, int64_t k_stride, int is_fp8, int64_t bt,
+  m.def("mla_decode", [](int64_t q, int64_t kcache, int64_t k_stride, int64_t num_blocks, int is_fp8, int64_t bt,
                          int64_t bt_stride, int max_blocks, int64_t seqlens, int64_t meta, int parts,
                          int64_t num_splits, int64_t out, int64_t lse, int64_t oacc, int64_t lacc,
                          int batch, int s_q, int h_q, float scale, int causal, int64_t stream) {
@@ -35,6 +35,7 @@ PYBIND11_MODULE(_C, m) {
     a.q = reinterpret_cast<const void*>(q);
     a.kcache = reinterpret_cast<const void*>(kcache);
     a.kcache_block_stride = k_stride;
+    a.num_blocks = num_blocks;
     a.is_fp8 = is_fp8;
     a.block_table = reinterpret_cast<const int*>(bt);
     a.bt_stride = bt_stride;

@@ -8,6 +8,7 @@ struct DecodeArgs {
   const void* q;            // bf16 [batch, s_q, h_q, 576], contiguous
   const void* kcache;       // bf16 [num_blocks, 64, 1, 576] or uint8 [num_blocks, 64, 1, 656]
   int64_t kcache_block_stride;  // elements (bf16) or bytes (fp8) between pages
+  int64_t num_blocks;       // pages in kcache (bounds of the TMA tensor map)
   int is_fp8;
   const int* block_table;   // int32 [batch, max_blocks], row stride bt_stride
   int64_t bt_stride;
@@ -27,6 +28,9 @@ struct DecodeArgs {
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);
+// Main kernel of the wgmma variant only (BF16 cache); returns a cudaError_t value. The caller
+// (launch_mla_decode) runs the shared combine kernel after it.
+int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
 const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
                                 int* num_splits, void* stream);
 bool fp8_kernel_built();

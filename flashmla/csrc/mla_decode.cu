@@ -15,30 +15,24 @@
 // partials (normalised O and its lse) that the combine kernel merges.
 // Measured on an H200 (BENCHMARKS.md): 3.1-3.2 TB/s for 16-row tiles on long contexts, ~200 TFLOPS
 // for 64-row tiles; bound by shared-memory traffic and barriers, not HBM (wgmma is the next step).
-#include <cuda_bf16.h>
 #include <cuda_fp8.h>
-#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
+#include "common.cuh"
 #include "launch.h"
 
 namespace flashmla {
 namespace {
 
-constexpr int D_QK = 576, D_V = 512, PAGE = 64, NT = 256;
+constexpr int NT = 256;
 constexpr int ROWB = D_QK * 2;                 // bytes of one bf16 row in shared memory
 constexpr int RCH = ROWB / 16;                 // 16-byte chunks per row (72)
 constexpr int KTILE = PAGE * ROWB;             // bytes of one bf16 page (73728)
 constexpr int QROWB = D_V * 2;                 // Q rows in shared memory: the 512 NoPE columns
                                                // (the 64 RoPE columns of Q live in registers)
-constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
-#define NEG_INF (-__int_as_float(0x7f800000))
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // byte offset of 16-byte chunk `ch` of row `r` in a swizzled tile whose rows are `rowb` bytes
 __device__ __forceinline__ uint32_t swz(int r, int ch, int rowb) { return r * rowb + ((ch ^ (r & 7)) << 4); }
 
@@ -70,10 +64,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 constexpr int FP8_TOKEN = 656;                 // fp8 token: 512 e4m3 | 4 fp32 scales | 64 bf16 RoPE
@@ -504,8 +494,15 @@ const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
   // FLASHMLA_KSPLIT=0 selects the key-split S phase for 16/32-row tiles (the K-split is the default)
   const char* env = getenv("FLASHMLA_KSPLIT");
   const bool ks = !(env && env[0] == '0');
+  // FLASHMLA_KERNEL=wgmma selects the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu) for
+  // the BF16 cache; the FP8 cache always runs the kernel below.
+  const char* kern = getenv("FLASHMLA_KERNEL");
+  if (kern && kern[0] && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0)
+    return "FLASHMLA_KERNEL must be unset, 'default' or 'wgmma'";
   cudaError_t e;
-  if (a.is_fp8) {  // 64-row tiles do not fit beside the staging buffers: rows go in tiles of 32
+  if (!a.is_fp8 && kern && strcmp(kern, "wgmma") == 0) {
+    e = static_cast<cudaError_t>(launch_mla_decode_wgmma(a, stream));
+  } else if (a.is_fp8) {  // 64-row tiles do not fit beside the staging buffers: rows go in tiles of 32
     if (m <= 16) e = ks ? launch<1, true, true>(a, st) : launch<1, true, false>(a, st);
     else e = launch<2, true, false>(a, st);
   } else if (m <= 16) {

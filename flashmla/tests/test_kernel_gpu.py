@@ -13,6 +13,16 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
+KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values; FP8 caches run the default kernel under both
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    """Runs a decode test once per kernel variant (read by the launcher at every call)."""
+    monkeypatch.setenv("FLASHMLA_KERNEL", request.param)
+    return request.param
+
+
 def need_kernel():
     if not flashmla.cuda_available():
         pytest.skip("flashmla was built without the CUDA kernels")
@@ -56,7 +66,7 @@ SWEEP = list(itertools.product([1, 7, 64, 132], [1, 63, 64, 65, 1024, 4097, 1638
 
 
 @pytest.mark.parametrize("batch,seqlen,h_q,s_q", SWEEP)
-def test_decode_sweep(batch, seqlen, h_q, s_q):
+def test_decode_sweep(batch, seqlen, h_q, s_q, kernel):
     need_kernel()
     seed = hash((batch, seqlen, h_q, s_q)) % 10000
     rng = random.Random(seed)
@@ -71,7 +81,7 @@ def test_decode_sweep(batch, seqlen, h_q, s_q):
 
 @pytest.mark.parametrize("h_q,s_q,causal", [(3, 4, True), (33, 3, True), (100, 1, False), (128, 4, True),
                                             (128, 4, False), (7, 2, False), (64, 4, True)])
-def test_odd_heads_mtp_and_short_requests(h_q, s_q, causal):
+def test_odd_heads_mtp_and_short_requests(h_q, s_q, causal, kernel):
     need_kernel()
     lens = [0, 1, 2, 3, 64, 65, 300, 5000, 0, 17]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q * 10 + s_q)
@@ -81,7 +91,7 @@ def test_odd_heads_mtp_and_short_requests(h_q, s_q, causal):
     assert (out[0] == 0).all() and torch.isposinf(lse[0]).all()
 
 
-def test_unshuffled_and_repeated_calls_are_deterministic():
+def test_unshuffled_and_repeated_calls_are_deterministic(kernel):
     need_kernel()
     q, kc, bt, sl = make_inputs(16, [3000] * 16, 64, 1, device=DEV, seed=3, shuffle=False)
     a, la = run(q, kc, bt, sl)
@@ -89,7 +99,7 @@ def test_unshuffled_and_repeated_calls_are_deterministic():
     assert torch.equal(a, b) and torch.equal(la, lb)
 
 
-def test_poisoned_output_is_fully_written():
+def test_poisoned_output_is_fully_written(kernel):
     need_kernel()
     q, kc, bt, sl = make_inputs(5, [10, 700, 0, 64, 129], 16, 2, device=DEV, seed=4)
     meta, splits = flashmla.get_mla_metadata(sl, 32, 1)
@@ -100,7 +110,7 @@ def test_poisoned_output_is_fully_written():
         assert not torch.isnan(out).any() and not torch.isnan(lse).any()
 
 
-def test_cuda_graph_replay_with_new_seqlens():
+def test_cuda_graph_replay_with_new_seqlens(kernel):
     need_kernel()
     batch, h_q, s_q, cap = 8, 64, 2, 4096
     q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=7)
@@ -138,7 +148,7 @@ def test_wrong_device_raises():
         flashmla.flash_mla_with_kvcache(q, kc, bt.cpu(), sl, 512, meta, splits)
 
 
-def test_long_ragged_batch():
+def test_long_ragged_batch(kernel):
     need_kernel()
     rng = random.Random(5)
     lens = [rng.randint(1, 32768) for _ in range(64)]
@@ -152,7 +162,7 @@ FP8_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [16, 64, 128], [1,
 
 
 @pytest.mark.parametrize("batch,seqlen,h_q,s_q", FP8_SWEEP)
-def test_fp8_kvcache(batch, seqlen, h_q, s_q):
+def test_fp8_kvcache(batch, seqlen, h_q, s_q, kernel):
     """FP8 kernel vs the reference on the dequantised cache (same tolerances as BF16), and the
     accuracy of the FP8 cache against the unquantised BF16 reference (stated in the README)."""
     need_kernel()
@@ -169,3 +179,30 @@ def test_fp8_kvcache(batch, seqlen, h_q, s_q):
     if exact.abs().sum() > 0:
         cos = torch.nn.functional.cosine_similarity(out.float().flatten(), exact.flatten(), dim=0)
         assert cos > 0.999, f"fp8 cache cosine vs bf16 reference {cos.item()}"
+
+
+def test_unknown_kernel_variant_raises(monkeypatch):
+    need_kernel()
+    q, kc, bt, sl = make_inputs(2, [100, 10], 16, 1, device=DEV, seed=1)
+    monkeypatch.setenv("FLASHMLA_KERNEL", "mma")
+    with pytest.raises(RuntimeError, match="FLASHMLA_KERNEL"):
+        run(q, kc, bt, sl)
+
+
+@pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 1), (64, 2), (128, 2), (16, 1)])
+def test_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
+    """The two variants against each other on the compute-bound shapes the wgmma kernel is for
+    (both are also checked against the reference above): same inf pattern, outputs within the
+    sum of their tolerances."""
+    need_kernel()
+    lens = [4097, 0, 64, 1, 2000, 65, 8191, 130]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q + s_q)
+    res = {}
+    for k in KERNELS:
+        monkeypatch.setenv("FLASHMLA_KERNEL", k)
+        res[k] = run(q, kc, bt, sl, causal=s_q > 1)
+    (o1, l1), (o2, l2) = res["default"], res["wgmma"]
+    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
+    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+    fin = torch.isfinite(l1)
+    assert ((l1[fin] - l2[fin]).abs() / l1[fin].abs().clamp_min(1.0)).max() < 2e-5

@@ -99,7 +99,7 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor
         lse = torch.empty(batch, h_q, s_q, dtype=torch.float32, device=q.device)
         oacc = torch.empty(batch + parts, m, head_dim_v, dtype=torch.float32, device=q.device)
         lacc = torch.empty(batch + parts, m, dtype=torch.float32, device=q.device)
-        _C.mla_decode(q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), int(is_fp8_kvcache),
+        _C.mla_decode(q.data_ptr(), k_cache.data_ptr(), k_cache.stride(0), k_cache.shape[0], int(is_fp8_kvcache),
                       block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
                       cache_seqlens.data_ptr(), tile_scheduler_metadata.data_ptr(), parts,
                       num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(), oacc.data_ptr(),

@@ -1,0 +1,392 @@
+// MLA decode, sm_90a, the wgmma variant (FLASHMLA_KERNEL=wgmma; BF16 cache): warp-specialised
+// TMA + wgmma main kernel. Same split-KV metadata, partial buffers and combine kernel as the
+// default kernel in mla_decode.cu (launch_mla_decode runs the combine after this one).
+//
+// One CTA = 64 query rows (row = i*h_q + h of one request; rows past s_q*h_q are padding) x one
+// scheduler part, 384 threads in three warpgroups:
+//   WG0  producer: one thread issues TMA loads (cp.async.bulk.tensor, 128B swizzle) of the Q tile
+//        (64 x 576, once per request) and of the K pages (64 tokens x 576) into a 2-stage ring,
+//        with full/empty mbarriers. setmaxnreg.dec to 40 registers.
+//   WG1  consumer 0: S = Q K^T (wgmma m64n64k16 x 36, both operands from shared memory), mask,
+//        online softmax in registers (exp2 domain), P -> shared memory as two bf16 planes
+//        hi = bf16(p), lo = bf16(p - hi), then O[:, 0:256] += P V with wgmma m64n256k16.
+//   WG2  consumer 1: O[:, 256:512] += P V from the same P (its S work is done by WG1), so WG2's
+//        P V of page t overlaps WG1's S and softmax of page t+1. setmaxnreg.inc to 232 for both.
+// P hi/lo: bf16 P alone misses the 8e-4 absolute tolerance of the tests in 46 of 96 sweep cases
+// (CPU emulation of this kernel's rounding, see BENCHMARKS.md); hi + lo matches fp32 P to ~2^-16.
+// Shared memory (226 KiB): Q 72 KiB + 2 x 72 KiB K stages + 8 KiB P_lo. P_hi of page t goes into
+// the RoPE slab (columns 512..575) of page t's stage, which only S reads.
+// V = the first 512 columns of the page, read by wgmma as an MN-major (transposed) B operand.
+// Cache rows past a request's length may hold anything (NaN in the tests): S masks them with a
+// select, and WG1 zeroes them in the V slabs of the last page before any P V reads them.
+#include <cuda.h>           // CUtensorMap (types only: the driver entry point is fetched at run time)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+
+#include <cstdint>
+
+#include "common.cuh"
+#include "launch.h"
+#include "wgmma.cuh"
+
+namespace flashmla {
+namespace {
+
+constexpr int SLAB = 64 * 128;           // 64 rows x 64 bf16 columns, 128B-swizzled: 8 KiB
+constexpr int NSLAB = D_QK / 64;         // 9 slabs per page and per Q tile
+constexpr int TILE = NSLAB * SLAB;       // 73728 bytes
+constexpr int BM = 64, NTHREADS = 384;
+constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
+// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty), alpha[64], inv[2][64]
+constexpr int MISC = 64 + 3 * 64 * 4;
+constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
+static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
+// named barriers (0 is __syncthreads)
+constexpr int BAR_P_FULL = 1, BAR_P_EMPTY = 2, BAR_EPI = 3;
+
+// ---- PTX wrappers
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {  // keep accumulator accesses in place
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// wgmma shared-memory descriptors, 128B swizzle (layout type 1 in bits 62-63).
+// K-major (rows of 128 bytes, 8-row groups 1024 bytes apart): LBO unused, SBO = 1024.
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// MN-major B (V: 8-key groups of 128-byte rows 1024 bytes apart = SBO, 64-column slabs SLAB
+// bytes apart = LBO).
+__device__ __forceinline__ uint64_t desc_mnmajor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(SLAB >> 4) << 16) |
+         (64ull << 32) | (1ull << 62);
+}
+// byte offset of element (row r, column k) of a 64 x 64 bf16 slab with 128B swizzle
+__device__ __forceinline__ uint32_t swz128(int r, int k) {
+  return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2;
+}
+
+struct Work {  // one request's share of a scheduler part (the same arithmetic as mla_decode.cu)
+  int nb, L, kbeg, kend, g;
+  bool split;
+};
+__device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0, int k0, int b1, int k1, int first) {
+  Work w;
+  w.nb = min((max(a.seqlens[b], 0) + PAGE - 1) / PAGE, a.max_blocks);
+  w.L = min(max(a.seqlens[b], 0), w.nb * PAGE);
+  w.kbeg = b == b0 ? k0 : 0;
+  w.kend = min(b == b1 ? k1 : w.nb, w.nb);
+  w.split = a.num_splits[b + 1] - a.num_splits[b] > 1;
+  w.g = first + (b - b0);
+  return w;
+}
+
+__global__ void __launch_bounds__(NTHREADS, 1)
+    mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
+                            const __grid_constant__ CUtensorMap tmQ) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;
+  uint8_t* sbase = smem_raw + (base - raw);
+  const uint32_t uQ = base + OFF_Q, uK = base + OFF_K, uPlo = base + OFF_PLO, uBar = base + OFF_MISC;
+  const uint32_t bar_qfull = uBar + 32, bar_qempty = uBar + 40;
+  float* sAlpha = reinterpret_cast<float*>(sbase + OFF_MISC + 64);
+  float* sInv = sAlpha + BM;  // [2][64], by parity of the request
+
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const int m = a.s_q * a.h_q, row_base = blockIdx.x * BM;
+  const int* meta = a.meta + blockIdx.y * 8;
+  const int b0 = meta[0], k0 = meta[1], b1 = meta[2], k1 = meta[3], first = meta[4];
+  if (b0 < 0 || b0 >= a.batch || b1 > a.batch || first < 0 || (b0 == b1 && k0 == k1)) return;
+  const int last = k1 > 0 ? b1 : b1 - 1;
+
+  if (tid == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(uBar + 8 * s, 1);          // full[s]: the producer's expect_tx + TMA bytes
+      mbar_init(uBar + 16 + 8 * s, 256);   // empty[s]: every consumer thread after its P V
+    }
+    mbar_init(bar_qfull, 1);
+    mbar_init(bar_qempty, 128);            // WG1 after the last S of a request
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_async_smem();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (t != 0) return;
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmK)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmQ)) : "memory");
+    int it = 0, qn = 0;
+    for (int b = b0; b <= last && b < a.batch; ++b) {
+      const Work w = request_work(a, b, b0, k0, b1, k1, first);
+      if (w.split && w.g >= a.batch + a.parts) break;
+      if (w.kbeg >= w.kend) continue;
+      mbar_wait(bar_qempty, (qn & 1) ^ 1);  // WG1 is done with the previous request's Q
+      mbar_expect_tx(bar_qfull, TILE);
+      for (int j = 0; j < NSLAB; ++j) tma_load_2d(uQ + j * SLAB, &tmQ, j * 64, b * m + row_base, bar_qfull);
+      ++qn;
+      const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+      for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+        const int s = it & 1;
+        mbar_wait(uBar + 16 + 8 * s, ((it >> 1) & 1) ^ 1);
+        mbar_expect_tx(uBar + 8 * s, TILE);
+        const int row = bt[blk] * PAGE;
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(uK + s * TILE + j * SLAB, &tmK, j * 64, row, uBar + 8 * s);
+      }
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int ch = wg - 1;                       // 0: WG1 (S, softmax, O[:, :256]); 1: WG2 (O[:, 256:])
+  const int lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const int r_loc[2] = {(t >> 5) * 16 + gq, (t >> 5) * 16 + gq + 8};  // this thread's two rows
+  const float scale_log2 = a.softmax_scale * LOG2E;
+  int it = 0, qn = 0, rq = 0;
+
+  for (int b = b0; b <= last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, b0, k0, b1, k1, first);
+    if (w.split && w.g >= a.batch + a.parts) break;  // inconsistent metadata: never write out of bounds
+
+    float o[128];                                // O[64 x 256] of this warpgroup, wgmma C layout
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+    int lim[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rg = row_base + r_loc[h];
+      lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
+    }
+    const bool has_pages = w.kbeg < w.kend;
+    if (has_pages && ch == 0) mbar_wait(bar_qfull, qn & 1);
+    qn += has_pages;
+
+    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+      const int s = it & 1;
+      const uint32_t uKs = uK + s * TILE, uPhi = uKs + 8 * SLAB;
+      mbar_wait(uBar + 8 * s, (it >> 1) & 1);
+      if (ch == 0) {
+        // ---- S = Q K^T: 36 k-steps of 16 over the 9 slabs
+        float sacc[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+        fence_regs(sacc);
+        wgmma_fence();
+        const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
+#pragma unroll
+        for (int kk = 0; kk < D_QK / 16; ++kk) {
+          const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
+          wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(sacc);
+        if (blk == w.kend - 1) mbar_arrive(bar_qempty);
+
+        // ---- mask, exp2-domain scale, row max over the 4 lanes of a row
+        const int key0 = blk * PAGE + 2 * cq;
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+            sacc[i * 4 + e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+        float alpha[2], muse[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float mn = fmaxf(mrow[h], mx[h]);
+          muse[h] = mn == NEG_INF ? 0.f : mn;
+          alpha[h] = exp2f(mrow[h] - muse[h]);
+          mrow[h] = mn;
+          lrow[h] *= alpha[h];
+        }
+        // rows past the request's length hold arbitrary data: zero them in the V slabs
+        if (blk == w.nb - 1 && (w.L & (PAGE - 1))) {
+          const int valid = w.L & (PAGE - 1);
+          for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
+            const int r = (idx >> 3) & 63;
+            if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
+          }
+        }
+        if (it > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo and alpha of page it-1
+        // ---- P = exp2(S - m) as bf16 hi/lo planes in 128B-swizzled K-major slabs
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float p0 = exp2f(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2f(sacc[i * 4 + 2 * h + 1] - muse[h]);
+            lrow[h] += p0 + p1;
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+            const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
+            st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+            st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+          }
+        if (cq == 0) {
+          sAlpha[r_loc[0]] = alpha[0];
+          sAlpha[r_loc[1]] = alpha[1];
+        }
+        fence_async_smem();
+        bar_sync(BAR_P_FULL, 256);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[j * 4 + 0] *= alpha[0];
+          o[j * 4 + 1] *= alpha[0];
+          o[j * 4 + 2] *= alpha[1];
+          o[j * 4 + 3] *= alpha[1];
+        }
+      } else {
+        bar_sync(BAR_P_FULL, 256);
+        const float al0 = sAlpha[r_loc[0]], al1 = sAlpha[r_loc[1]];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[j * 4 + 0] *= al0;
+          o[j * 4 + 1] *= al0;
+          o[j * 4 + 2] *= al1;
+          o[j * 4 + 3] *= al1;
+        }
+      }
+      // ---- O[:, ch*256 ..] += (P_hi + P_lo) V, V slabs 4*ch .. 4*ch+3 as MN-major B
+      fence_regs(o);
+      wgmma_fence();
+      const uint64_t dv = desc_mnmajor(uKs + ch * 4 * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
+#pragma unroll
+      for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
+        wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
+        wgmma_m64n256k16_tb(o, dlo + ks * 2, dv + ks * 128, 1);
+      }
+      wgmma_commit();
+      wgmma_wait0();
+      fence_regs(o);
+      if (ch == 1) bar_arrive(BAR_P_EMPTY, 256);
+      mbar_arrive(uBar + 16 + 8 * s);
+    }
+
+    // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory
+    float inv[2] = {0.f, 0.f};
+    if (ch == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
+        lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 2);
+        inv[h] = lrow[h] > 0.f ? 1.f / lrow[h] : 0.f;
+        if (has_pages && cq == 0) sInv[(rq & 1) * BM + r_loc[h]] = inv[h];
+      }
+      if (has_pages) bar_arrive(BAR_EPI, 256);
+    } else if (has_pages) {
+      bar_sync(BAR_EPI, 256);
+      inv[0] = sInv[(rq & 1) * BM + r_loc[0]];
+      inv[1] = sInv[(rq & 1) * BM + r_loc[1]];
+    }
+    rq += has_pages;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rg = row_base + r_loc[h];
+      if (rg >= m) continue;
+      const int col0 = ch * 256 + 2 * cq;
+      if (!w.split) {
+        __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack_bf16(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+      } else {
+        float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          *reinterpret_cast<float2*>(orow + j * 8) = make_float2(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+      }
+      if (ch == 0 && cq == 0) {
+        const bool empty = !(lrow[h] > 0.f);
+        const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lrow[h])) * LN2;
+        const int i = rg / a.h_q, hh = rg - i * a.h_q;
+        if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+        else a.lacc[(int64_t)w.g * m + rg] = lse;
+      }
+    }
+  }
+  // balance the barrier: WG2 arrived on P_EMPTY after every page, WG1 synced before all but the first
+  if (ch == 0 && it > 0) bar_sync(BAR_P_EMPTY, 256);
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (!fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }
+  return fn;
+}
+
+// 2-D map over rows of 576 bf16 (1152 bytes), boxes of 64 rows x 64 columns, 128B swizzle
+bool make_row_map(CUtensorMap* map, const void* ptr, uint64_t rows) {
+  auto fn = encode_tiled();
+  if (!fn) return false;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(D_QK), rows};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(D_QK) * 2};
+  cuuint32_t box[2] = {64, 64}, estr[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
+  // the TMA map treats the cache as rows of 576 bf16: pages must be contiguous and back to back
+  if (a.is_fp8 || a.kcache_block_stride != (int64_t)PAGE * D_QK) return cudaErrorInvalidValue;
+  alignas(64) CUtensorMap tmK, tmQ;
+  const int m = a.s_q * a.h_q;
+  if (!make_row_map(&tmK, a.kcache, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
+      !make_row_map(&tmQ, a.q, static_cast<uint64_t>(a.batch) * m))
+    return cudaErrorInvalidValue;
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  if (e != cudaSuccess) return e;
+  dim3 grid((m + BM - 1) / BM, a.parts);
+  mla_decode_wgmma_kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmK, tmQ);
+  return cudaGetLastError();
+}
+
+}  // namespace flashmla
