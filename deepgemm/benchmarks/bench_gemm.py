@@ -80,7 +80,7 @@ def scaled_mm_blockwise(a, sfa, b, sfb):
     raise RuntimeError(f"blockwise _scaled_mm unsupported: {str(err).splitlines()[0][:160]}")
 
 
-def bench_dense(m, n, k, with_ref=True):
+def bench_dense(m, n, k, with_ref=True, peers=True):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
@@ -96,6 +96,8 @@ def bench_dense(m, n, k, with_ref=True):
     ref.ref_gemm_nt(*a, *b, r)
     row.update(ours_us=t * 1e6, ours_tflops=flops / t / 1e12, ours_gbs=nbytes / t / 1e9,
                diff=dg.calc_diff(outs[0], r))
+    if not peers:
+        return row
     try:
         fns = []
         for s in sets:
@@ -144,7 +146,7 @@ def bench_contiguous(g, mg, n, k):
     return row
 
 
-def bench_masked(g, mg, n, k):
+def bench_masked(g, mg, n, k, peers=True):
     x = torch.randn(g, mg, k, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
@@ -159,6 +161,8 @@ def bench_masked(g, mg, n, k):
     ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
     row = {"layout": "masked", "groups": g, "m_per_group": mg, "n": n, "k": k, "ours_us": t * 1e6,
            "ours_tflops": flops / t / 1e12, "ours_gbs": nbytes / t / 1e9, "diff": dg.calc_diff(ds[0], r)}
+    if not peers:
+        return row
     try:
         fns = [[scaled_mm_blockwise(a[0][i], a[1][i].contiguous(), bb[0][i], bb[1][i])[0] for i in range(g)] for bb in bs]
         tb = time_graph([(lambda fs=fs: [f() for f in fs]) for fs in fns])
@@ -176,9 +180,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
-    ap.add_argument("--compare", default=None, metavar="ENV=V1,V2",
+    ap.add_argument("--compare", action="append", default=[], metavar="ENV=V1,V2",
                     help="also time our kernels under each value of an environment switch on small-M shapes, "
-                         "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_EPILOGUE=direct,staged")
+                         "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_SMALL_M_BN=fill,pow2 (repeatable)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device")
@@ -200,17 +204,22 @@ def main():
             rows.append(bench_masked(g, mg, n, k))
             print(json.dumps(rows[-1]), flush=True)
     variants = []
-    if args.compare:
-        import os
-        env, values = args.compare.split("=")
-        cases = [("dense", 1, 7168, 16384), ("dense", 64, 7168, 2048), ("dense", 64, 2112, 7168),
-                 ("dense", 128, 7168, 2048), ("dense", 64, 4096, 7168), ("masked", 8, 4096, 7168)]
+    import os
+    cases = [("dense", 1, 7168, 16384), ("dense", 1, 4096, 7168), ("dense", 16, 7168, 2048),
+             ("dense", 64, 7168, 2048), ("dense", 64, 2112, 7168), ("dense", 64, 24576, 1536),
+             ("dense", 128, 7168, 2048), ("dense", 128, 4096, 7168), ("dense", 64, 4096, 7168),
+             ("masked", 8, 4096, 7168)]
+    for spec in args.compare:
+        env, values = spec.split("=")
         for layout, m, n, k in cases:
             res = {}
             for val in values.split(","):
                 os.environ[env] = val
-                res[val] = (bench_dense(m, n, k, with_ref=False) if layout == "dense"
-                            else bench_masked(m, 64, n, k))["ours_tflops"]
+                row = (bench_dense(m, n, k, with_ref=False, peers=False) if layout == "dense"
+                       else bench_masked(m, 64, n, k, peers=False))
+                res[val] = row["ours_tflops"]
+                if row["diff"] > 1e-5:  # a variant that computes wrong numbers is not a speed-up
+                    res[val + "_diff"] = row["diff"]
             os.environ.pop(env)
             variants.append({"env": env, "layout": layout, "m": m, "n": n, "k": k, **res})
             print(json.dumps(variants[-1]), flush=True)
@@ -236,7 +245,7 @@ def main():
           f"M<=128 {summary['geomean_speedup_dense_m_le_128']:.2f}x; max dense {summary['max_dense_tflops']:.0f} TFLOPS")
     print("cold compiles (kind, N, K, BM, BN, backend, s):", compiles)
     for v in variants:
-        vals = ", ".join(f"{key}={v[key]:.0f}" for key in v if key not in ("env", "layout", "m", "n", "k"))
+        vals = ", ".join(f"{key}={v[key]:.3g}" for key in v if key not in ("env", "layout", "m", "n", "k"))
         print(f"{v['env']} {v['layout']} M={v['m']} N={v['n']} K={v['k']}: {vals} TFLOPS")
     if args.json:
         with open(args.json, "w") as f:

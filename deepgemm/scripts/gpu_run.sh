@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call: install, smoke (`python -m deepgemm`), GPU tests, benchmark. Logs under $OUT.
-# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full] [pytest -k expr]
+# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full|tests|bench|repro] [pytest -k expr]
+# full: smoke, GPU tests, scripts/repro_masked.py, bench_gemm.py with the --compare switches
 set -o pipefail
 export PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=/tmp/dgcache
 MODE=${1:-quick}; KEXPR=${2:-}
@@ -9,19 +10,24 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
 timeout 150 python3 -m pip install --no-build-isolation --no-deps -q ./deepgemm 2>&1 | tail -3
 timeout 120 python3 -m deepgemm 2>&1 | tee $OUT/main.log || { echo "SMOKE FAILED"; exit 1; }
-if [ "$MODE" != bench ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != repro ]; then
   timeout ${PYTEST_TIMEOUT:-240} python3 -m pytest deepgemm/tests -m gpu -q -p no:cacheprovider --timeout 120 \
     ${KEXPR:+-k "$KEXPR"} -rf 2>&1 | tee $OUT/gpu_tests.log | tail -40
 fi
-if [ "$MODE" != tests ]; then
-  BARGS=$([ "$MODE" = full ] && echo "--compare DEEPGEMM_KSPLIT=0,1" || echo "--quick")
-  timeout ${BENCH_TIMEOUT:-200} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
+if [ "$MODE" = full ] || [ "$MODE" = repro ]; then
+  # K-split graph-replay check: 4 variants that must pass, 2 odd-stage negative controls (may fail or hang)
+  timeout ${REPRO_TIMEOUT:-200} python3 deepgemm/scripts/repro_masked.py --replays 200 --timeout 45 2>&1 | tee $OUT/repro.log
+  echo "repro exit: ${PIPESTATUS[0]}"
+fi
+if [ "$MODE" != tests ] && [ "$MODE" != repro ]; then
+  BARGS=$([ "$MODE" = full ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1" || echo "--quick")
+  timeout ${BENCH_TIMEOUT:-240} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
 fi
 python3 - <<'PY' > $OUT/compiles.txt
 import glob, json
 for f in sorted(glob.glob('/tmp/dgcache/*.json')):
     m = json.load(open(f)); p = m['params']
-    print(m['backend'], round(m['seconds'], 2), {k: p[k] for k in ('kind', 'fp8', 'n', 'k', 'bm', 'bn', 'stages')}, m['ptxas'][-200:])
+    print(m['backend'], round(m['seconds'], 2), {k: p.get(k) for k in ('kind', 'fp8', 'n', 'k', 'bm', 'bn', 'stages', 'ksplit', 'swap')}, m['ptxas'][-200:])
 PY
 tail -5 $OUT/compiles.txt
 cubin=$(ls /tmp/dgcache/*.cubin | head -1); cuobjdump --dump-sass $cubin | grep -oE "(QGMMA|HGMMA|UTMALDG|USETMAXREG)[.A-Z0-9x]*" | sort | uniq -c

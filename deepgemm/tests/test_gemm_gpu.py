@@ -179,6 +179,48 @@ def test_cuda_graph_masked_replays(ksplit, epi):
     assert "ok:" in r.stdout and (f"ksplit={ksplit}" in r.stdout), r.stdout
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("nk", [(2112, 7168), (7168, 2048), (24576, 1536)], ids=lambda nk: f"n{nk[0]}k{nk[1]}")
+def test_swap_ab_dense(m, nk, monkeypatch):
+    """DEEPGEMM_SWAP_AB=1: the swap-AB kernel for M <= 16 (BF16 out; FP32 out with C; FP8 out)."""
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
+    n, k = nk
+    x, y = _rand((m, k), 20 + m), _rand((n, k), 21)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, d)
+    _check(d, r, x.float() @ y.float().t())
+    c = torch.randn(m, n, device=DEV)
+    d32 = poisoned((m, n), torch.float32, DEV)
+    dg.fp8_gemm_nt(a, b, d32, c=c)
+    _check(d32, r + c)
+    d8 = poisoned((m, n), torch.float8_e4m3fn, DEV)
+    dg.fp8_gemm_nt(a, b, d8)
+    assert dg.calc_diff(d8.float(), r) < 2e-3
+
+
+@pytest.mark.parametrize("g,m_max,expected", [(8, 16, 8), (32, 8, 4), (4, 64, 12)])
+def test_swap_ab_masked(g, m_max, expected, monkeypatch):
+    """Swap-AB masked layout, including masked_m = 0 and masked_m above the hint (several row blocks)."""
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
+    n, k = 4096, 7168
+    gen = torch.Generator().manual_seed(g)
+    mm = torch.randint(0, m_max + 1, (g,), generator=gen, dtype=torch.int32)
+    mm[0], mm[1] = 0, m_max
+    x, y = _rand((g, m_max, k), 22), _rand((g, n, k), 23)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=expected)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
+    for gi, m in enumerate(mm.tolist()):
+        assert d[gi, m:].float().isnan().all(), f"group {gi}: rows past masked_m written"
+        if m:
+            _check(d[gi, :m], r[gi, :m])
+
+
 def test_torch_compile_cuda():
     m, n, k = 128, 7168, 2048
     x, y = _rand((m, k), 11), _rand((n, k), 12)

@@ -94,6 +94,43 @@ def test_real_nvcc_compile(cache):
     assert rec2.backend == "cache"
 
 
+@pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
+def test_real_nvcc_compile_variants(cache):
+    """The K split (even stages) and the swap-AB kernel compile for sm_90a without spills."""
+    for cfg in (kernels.Config(2, True, 0, 0, 4096, 7168, 64, 128, 6, 0, 1),
+                kernels.Config(0, True, 1, 1, 2112, 7168, 16, 64, 12, 0, 0, 1),
+                kernels.Config(2, True, 2, 0, 4096, 512, 8, 64, 4, 0, 0, 1)):
+        _, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
+        assert "0 bytes spill stores" in rec.ptxas and "0 bytes spill loads" in rec.ptxas, (cfg, rec.ptxas)
+
+
+def test_small_m_switches(monkeypatch):
+    import torch
+    d = torch.empty(1, 1, dtype=torch.bfloat16)
+    fill = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    monkeypatch.setenv("DEEPGEMM_SMALL_M_BN", "pow2")
+    pow2 = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    assert fill.bn == 56 and pow2.bn in kernels.BLOCK_NS_FP8_POW2  # the regression noted in BENCHMARKS.md
+    big_fill = kernels._make_config("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "staged", "0", "fill")
+    big_pow2 = kernels._make_config("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "staged", "0", "pow2")
+    assert big_fill == big_pow2  # M > 128: unchanged
+    monkeypatch.setenv("DEEPGEMM_SMALL_M_BN", "wide")
+    with pytest.raises(ValueError, match="DEEPGEMM_SMALL_M_BN"):
+        kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    monkeypatch.delenv("DEEPGEMM_SMALL_M_BN")
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 1, 1).swap == 0  # off by default
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
+    s1 = kernels.make_config("dense", True, d, None, 7168, 2048, 1, 1)
+    s16 = kernels.make_config("masked", True, d, None, 4096, 7168, 16, 32)
+    assert (s1.swap, s1.bm, s1.bn, s1.threads) == (1, 8, 64, 256) and (s16.swap, s16.bm) == (1, 16)
+    assert kernels.smem_bytes(True, 2048, 8, 64, s1.stages, swap=1) <= kernels.SMEM_LIMIT
+    assert "gemm_swap_body<0, 0, 0, 7168, 2048, 8," in kernels.kernel_source(s1)
+    assert "m64n8k32" in kernels.kernel_source(s1)
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 17, 1).swap == 0  # M > 16
+    assert kernels.make_config("contiguous", True, d, None, 7168, 2048, 1, 1).swap == 0
+    assert kernels.make_config("dense", False, d, None, 7168, 2048, 1, 1).swap == 0  # BF16
+
+
 def test_block_choice_and_smem():
     for fp8 in (True, False):
         for k in (512, 2048, 7168, 16384):

@@ -21,12 +21,21 @@ EPILOGUE_DEFAULT = "staged"  # DEEPGEMM_EPILOGUE=direct|staged overrides (BF16 o
 # FP8 with BM = 64: split K between two consumer warpgroups; DEEPGEMM_KSPLIT=0|1 overrides.
 # Off by default: the split path failed intermittently under CUDA-graph replay (scripts/repro_masked.py).
 KSPLIT_DEFAULT = "0"
+# FP8 block N at M <= 128: "fill" (any multiple of 8: a tile on nearly every SM; the measured default)
+# or "pow2" (16/32/64/128: fewer, wider tiles, as in run 1); DEEPGEMM_SMALL_M_BN=fill|pow2 overrides.
+SMALL_M_BN_DEFAULT = "fill"
+SMALL_M = 128
+# FP8, dense/masked, M <= 16: swap-AB kernel (sm90_gemm_swap.cuh) computing D^T = B A^T;
+# DEEPGEMM_SWAP_AB=0|1 overrides. Off by default: compile-checked, not yet measured.
+SWAP_AB_DEFAULT = "0"
+SWAP_MAX_M = 16
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
 C_CODE = {None: 0, torch.float32: 1, torch.bfloat16: 2}
 BLOCK_MS = (64, 128)
 BLOCK_NS_FP8 = tuple(range(16, 129, 8))   # a tile spans at most two 128-wide B scale blocks
+BLOCK_NS_FP8_POW2 = (16, 32, 64, 128)
 BLOCK_NS_BF16 = tuple(range(16, 257, 16))
 
 
@@ -43,27 +52,32 @@ class Config:
     stages: int
     epi: int = 0  # 1: staged (shared memory, 16-byte coalesced stores) BF16 epilogue
     ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
+    swap: int = 0  # 1 (FP8, M <= 16): swap-AB kernel; bm = rows of A per tile (8 / 16), bn = 64
 
     @property
     def threads(self) -> int:
+        if self.swap:
+            return 256
         return 128 * ((2 if self.ksplit else self.bm // 64) + 1)
 
 
-def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0) -> int:
-    """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh."""
+def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0, swap: int = 0) -> int:
+    """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh (SwapPlan in sm90_gemm_swap.cuh for swap)."""
+    if swap:
+        return 1024 + stages * (bm * 128 + 64 * 128 + bm * 4) + 16 * stages
     sfa = bm * 4 if fp8 else 0
     staging = (bm // 64) * 64 * (bn * 2 + 16) if epi else 0
     red = 128 * (bn // 2) * 4 if ksplit else 0
     return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging + red
 
 
-def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0) -> int:
+def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0, swap: int = 0) -> int:
     """Deepest pipeline that fits in shared memory (no deeper than the K blocks). With the K split
     the depth is even, so that every stage is always consumed by the same warpgroup (see
     stages_ok_for_ksplit)."""
     kb = k // (128 if fp8 else 64)
     s = cap
-    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit) > SMEM_LIMIT:
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap) > SMEM_LIMIT:
         s -= 1
     s = max(1, min(s, max(kb, 2)))
     if ksplit and s % 2:
@@ -93,11 +107,18 @@ def tile_cost(bm: int, bn: int) -> float:
     return max(mma, load)
 
 
-def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True) -> tuple[int, int]:
-    """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems."""
+def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
+                  small_m_bn: str = SMALL_M_BN_DEFAULT) -> tuple[int, int]:
+    """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems.
+    small_m_bn="pow2" restricts FP8 BN to powers of two when m <= SMALL_M."""
+    if small_m_bn not in ("fill", "pow2"):
+        raise ValueError(f"DEEPGEMM_SMALL_M_BN: expected 'fill' or 'pow2', got {small_m_bn!r}")
+    bns = BLOCK_NS_BF16
+    if fp8:
+        bns = BLOCK_NS_FP8_POW2 if small_m_bn == "pow2" and m <= SMALL_M else BLOCK_NS_FP8
     best = None
     for bm in BLOCK_MS:
-        for bn in (BLOCK_NS_FP8 if fp8 else BLOCK_NS_BF16):
+        for bn in bns:
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
             cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn)
             # tie-break: fewer tiles (less re-reading of A and B)
@@ -111,12 +132,19 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
     """Kernel parameters for one call (memoised: this runs on every GEMM call)."""
     return _make_config(kind, fp8, d.dtype, None if c is None else c.dtype, n, k, m_hint, groups, get_num_sms(),
                         os.environ.get("DEEPGEMM_EPILOGUE", EPILOGUE_DEFAULT),
-                        os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT))
+                        os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT),
+                        os.environ.get("DEEPGEMM_SMALL_M_BN", SMALL_M_BN_DEFAULT),
+                        os.environ.get("DEEPGEMM_SWAP_AB", SWAP_AB_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
-def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env) -> Config:
-    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8)
+def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
+                 small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT) -> Config:
+    if fp8 and swap_env == "1" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
+        bm = 8 if m_hint <= 8 else 16
+        return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, 64,
+                      max_stages(fp8, k, bm, 64, swap=1), 0, 0, 1)
+    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
     ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
     stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit)
@@ -147,17 +175,26 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
 
 
 def kernel_source(cfg: Config) -> str:
-    args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
-            f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}")
+    if cfg.swap:
+        body = "gemm_swap_body"
+        args = f"{cfg.kind}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.bm}, {cfg.stages}"
+        headers = compiler.read_header() + "\n" + compiler.read_header("deepgemm/sm90_gemm_swap.cuh")
+        mma_n = cfg.bm  # WGMMA's N is the rows of A
+    else:
+        body = "gemm_body"
+        args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
+                f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}")
+        headers = compiler.read_header()
+        mma_n = cfg.bn
     return (
         f"// deepgemm kernel {asdict(cfg)}\n"
-        + compiler.read_header()
-        + "\n" + wgmma_specialisation(cfg.bn, cfg.fp8)
+        + headers
+        + "\n" + wgmma_specialisation(mma_n, cfg.fp8)
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1) deepgemm_kernel(\n'
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c,\n"
         "    const int* grouped, int M, int num_groups, int a_box_rows, int sfa_box) {\n"
-        f"  dg::gemm_body<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups, a_box_rows, sfa_box);\n"
+        f"  dg::{body}<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups, a_box_rows, sfa_box);\n"
         "}\n"
     )
 
@@ -183,7 +220,7 @@ def get_kernel(cfg: Config) -> runtime.Kernel:
                 warnings.warn(f"deepgemm: NVRTC failed, retrying with nvcc: {str(exc)[:300]}")
                 cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
             kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi,
-                                                                          cfg.ksplit))
+                                                                          cfg.ksplit, cfg.swap))
             _kernels[cfg] = kern
     return kern
 

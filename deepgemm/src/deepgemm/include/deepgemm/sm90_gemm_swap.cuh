@@ -1,0 +1,164 @@
+// deepgemm SM90 swap-AB GEMM for tiny M (FP8 only): D^T = B A^T, so that 64 rows of B (the N
+// dimension) fill WGMMA's 64-row M dimension and the few rows of A become WGMMA's N (BMS = 8 or 16).
+// Appended after sm90_gemm.cuh (uses its PTX wrappers, Scheduler and Wgmma<BMS, true>).
+//
+// One producer warpgroup (one thread issues the TMA loads of a 64 x 128 B tile, a BMS x 128 A tile
+// and BMS of A's scales per K block into a ring of STAGES buffers) and one consumer warpgroup. The
+// accumulator is tiny (BMS / 2 floats per thread), so no setmaxnreg. Promotion per 128 of K: the
+// K block's product is scaled by sfb[n block][kb] (one value: a 64-row tile never straddles a
+// 128-row scale block) times sfa[row of A][kb] (per accumulator column) and added in FP32.
+// Epilogue: direct, element by element (the output is BMS x 64 per tile: small next to B's bytes).
+
+namespace dg {
+
+template <bool FP8, int K, int BMS, int STAGES>
+struct SwapPlan {
+  static constexpr int kABytes = BMS * 128, kBBytes = 64 * 128, kSFABytes = BMS * 4;
+  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES;
+};
+
+template <int KIND, int OUT, int CT, int N, int K, int BMS, int STAGES>
+__device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
+                                               const float* __restrict__ sfb, void* __restrict__ d_ptr,
+                                               const void* __restrict__ c_ptr, const int* __restrict__ grouped,
+                                               int M, int num_groups, int a_box_rows, int sfa_box) {
+  static_assert(KIND == kDense || KIND == kMasked, "swap-AB: dense and masked layouts");
+  static_assert(BMS == 8 || BMS == 16, "swap-AB: BMS (rows of A per tile) is 8 or 16");
+  static_assert(K % 128 == 0, "K");
+  constexpr int KB = K / 128, SFB_NB = (N + 127) / 128;
+  constexpr int NB = (N + 63) / 64;
+  using Plan = SwapPlan<true, K, BMS, STAGES>;
+  constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  u32 base = smem_addr(smem_raw);
+  const u32 pad = (1024 - (base & 1023)) & 1023;
+  unsigned char* smem = smem_raw + pad;
+  base += pad;
+  const u32 sA = base, sB = sA + STAGES * A_BYTES, sSFA = sB + STAGES * B_BYTES;
+  const u32 bars = sSFA + STAGES * SFA_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
+  const float* sfa_smem = reinterpret_cast<const float*>(smem + (sSFA - base));
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    u32 dyn;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (u32)Plan::kTotal) asm volatile("trap;");
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (STAGES + s), 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  if (warp == 4 && lane == 0) {
+    tma_prefetch(&tma_a);
+    tma_prefetch(&tma_b);
+    tma_prefetch(&tma_sfa);
+  }
+  __syncthreads();
+
+  Scheduler<KIND, BMS, NB> sched(M, num_groups, grouped);
+  int m_blk, n_blk, g;
+  if (warp >= 4) {
+    // producer warpgroup: one thread streams the K blocks of every tile of this CTA
+    if (warp == 4 && lane == 0) {
+      u32 it = 0;
+      while (sched.next(m_blk, n_blk, g)) {
+        const int a_row = (KIND == kMasked ? g * M : 0) + m_blk * BMS;
+        const int b_row = (KIND == kDense ? 0 : g * N) + n_blk * 64;
+        const int sf_y0 = KIND == kMasked ? g * (K / 128) : 0;
+        for (int kb = 0; kb < KB; ++kb, ++it) {
+          const u32 s = it % STAGES, ph = (it / STAGES) & 1;
+          const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
+          mbar_wait(empty, ph ^ 1);
+          mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + sfa_box * 4);
+          tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * 128, b_row);
+          tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * 128, a_row);
+          tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BMS, sf_y0 + kb);
+        }
+      }
+    }
+    return;
+  }
+
+  // consumer warpgroup: accumulator rows = B rows n0 + r_in_wg (+ 8), columns = A rows (lane % 4) * 2 + 8j (+ 1)
+  const int r_in_wg = warp * 16 + lane / 4;
+  constexpr int R = BMS / 2;  // accumulator floats per thread
+  u32 it = 0;
+  bool have = sched.next(m_blk, n_blk, g);
+  auto sfb_ptr = [&](int nb_, int g_) { return sfb + ((KIND == kDense ? 0 : g_) * SFB_NB + nb_ * 64 / 128) * (K / 128); };
+  const float* sfb_row = have ? sfb_ptr(n_blk, g) : sfb;
+  float sb_next = have ? sfb_row[0] : 0.f;
+  while (have) {
+    int nm_blk = 0, nn_blk = 0, ng = 0;
+    const bool have_next = sched.next(nm_blk, nn_blk, ng);
+    const float* nrow = have_next ? sfb_ptr(nn_blk, ng) : sfb_row;
+    float acc[R], t[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+    for (int kb = 0; kb < KB; ++kb) {
+      const u32 s = (it + kb) % STAGES, ph = ((it + kb) / STAGES) & 1;
+      mbar_wait(bars + 8 * s, ph);
+      const float sb = sb_next;  // B's scale for this K block; fetch the next one (maybe the next tile's)
+      if (kb + 1 < KB) sb_next = sfb_row[kb + 1];
+      else if (have_next) sb_next = nrow[0];
+      float sc[BMS / 4];  // sfa * sfb for this thread's columns (lane % 4) * 2 + 8j + {0, 1}
+#pragma unroll
+      for (int j = 0; j < BMS / 8; ++j) {
+        sc[2 * j] = sfa_smem[s * BMS + j * 8 + (lane % 4) * 2] * sb;
+        sc[2 * j + 1] = sfa_smem[s * BMS + j * 8 + (lane % 4) * 2 + 1] * sb;
+      }
+      const u32 a_addr = sB + s * B_BYTES, b_addr = sA + s * A_BYTES;  // WGMMA's A is our B and vice versa
+      fence_regs(t);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) Wgmma<BMS, true>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(t);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+#pragma unroll
+      for (int j = 0; j < BMS / 8; ++j) {
+        acc[j * 4 + 0] += t[j * 4 + 0] * sc[2 * j];
+        acc[j * 4 + 1] += t[j * 4 + 1] * sc[2 * j + 1];
+        acc[j * 4 + 2] += t[j * 4 + 2] * sc[2 * j];
+        acc[j * 4 + 3] += t[j * 4 + 3] * sc[2 * j + 1];
+      }
+    }
+    it += KB;
+
+    // epilogue: D[row_off + m][n] = acc (+ C), m < limit, n < N
+    int limit = M;
+    long long row_off = 0;
+    if (KIND == kMasked) {
+      const int mg = grouped[g];
+      limit = mg < 0 ? 0 : (mg > M ? M : mg);
+      row_off = (long long)g * M;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int j = i / 4, e = i % 4;
+      const int m = m_blk * BMS + j * 8 + (lane % 4) * 2 + (e & 1);
+      const int n = n_blk * 64 + r_in_wg + (e >> 1) * 8;
+      if (m >= limit || n >= N) continue;
+      const long long off = (row_off + m) * (long long)N + n;
+      float v = acc[i];
+      if (CT == kCF32) v += reinterpret_cast<const float*>(c_ptr)[off];
+      else if (CT == kCBF16) v += bits_to_float((u32)reinterpret_cast<const unsigned short*>(c_ptr)[off] << 16);
+      if (OUT == kOutBF16) {
+        reinterpret_cast<unsigned short*>(d_ptr)[off] = (unsigned short)(pack_bf16(v, 0.f) & 0xFFFFu);
+      } else if (OUT == kOutF32) {
+        reinterpret_cast<float*>(d_ptr)[off] = v;
+      } else {
+        reinterpret_cast<unsigned char*>(d_ptr)[off] = (unsigned char)(pack_fp8(v, 0.f) & 0xFFu);
+      }
+    }
+    have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
+    sfb_row = nrow;
+  }
+}
+
+}  // namespace dg
