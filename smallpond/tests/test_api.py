@@ -204,3 +204,27 @@ def test_report_written(sp_session, tmp_path):
     assert "HashPartitionNode" in html and "<svg" in html
     png = sp_session.report(str(tmp_path / "r.png"))
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sql_fused_into_shuffle_matches_unfused(tmp_path):
+    import smallpond
+    pdf = _frame(8, 3000)
+    outs = {}
+    for fuse in (True, False):
+        sp = smallpond.init(job_id=f"fuse{fuse}", data_root=str(tmp_path), num_executors=2, progress=False, fuse=fuse)
+        try:
+            df = sp.from_pandas(pdf).repartition(3, by_rows=True)
+            df = sp.partial_sql("select k, v * 2 as v2, k % 5 as bucket from {0} where v > -1", df)
+            df = df.repartition(4, by="bucket")
+            res = sp.execute(df.plan)
+            outs[fuse] = [ds.to_arrow_table().to_pandas() for ds in res]
+            names = [s.name.split("-")[0] for s in sp.stages]
+            assert ("SqlEngineNode" in names) == (not fuse)  # fused: no separate SQL stage
+        finally:
+            sp.shutdown()
+    for a, b in zip(outs[True], outs[False]):
+        pd.testing.assert_frame_equal(_sorted(a, ["k", "v2"]), _sorted(b, ["k", "v2"]))
+    want = pdf[pdf.v > -1]
+    assert sum(len(p) for p in outs[True]) == len(want)
+    for j, p in enumerate(outs[True]):
+        assert set(p.bucket) <= {j}
