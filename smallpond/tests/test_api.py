@@ -214,7 +214,7 @@ def test_sql_fused_into_shuffle_matches_unfused(tmp_path):
         sp = smallpond.init(job_id=f"fuse{fuse}", data_root=str(tmp_path), num_executors=2, progress=False, fuse=fuse)
         try:
             df = sp.from_pandas(pdf).repartition(3, by_rows=True)
-            df = sp.partial_sql("select k, v * 2 as v2, k % 5 as bucket from {0} where v > -1", df)
+            df = sp.partial_sql("select k, v * 2 as v2, k % 4 as bucket from {0} where v > -1", df)
             df = df.repartition(4, by="bucket")
             res = sp.execute(df.plan)
             outs[fuse] = [ds.to_arrow_table().to_pandas() for ds in res]

@@ -143,6 +143,7 @@ class Session:
             self.executor = RayExecutor(self.config.ray_address, self.config.max_retries)
         else:
             self.executor = LocalExecutor(self.config.num_executors, self.config.max_retries)
+            self.executor.start()
         self._driver = Driver(self)
         self._closed = False
 

@@ -48,6 +48,10 @@ class LocalExecutor(Executor):
         self.num_executors = num_executors
         self._workers: List[_Worker] = []
 
+    def start(self) -> None:
+        """Start the workers now (they warm up while the driver builds the plan)."""
+        self._ensure_workers()
+
     def _ensure_workers(self) -> None:
         alive = [w for w in self._workers if w.proc.is_alive()]
         for w in self._workers:
@@ -124,10 +128,27 @@ def _main_hidden():
             setattr(main, a, v)
 
 
-def _worker_main(conn) -> None:
-    import duckdb  # noqa: F401  (warm the imports every task needs while the driver plans)
+def _warm_up() -> None:
+    """Pay one-off costs (imports, DuckDB start-up) before the first task arrives."""
+    import duckdb
+    import pandas  # noqa: F401  (pyarrow imports it lazily on first numpy conversion)
+    import pyarrow as pa
     import pyarrow.compute  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
     from . import shuffle  # noqa: F401
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        con.execute("select i % 7 as k, sum(i) from range(1000) t(i) group by k").fetchall()
+    finally:
+        con.close()
+    pa.array(__import__("numpy").arange(4))
+
+
+def _worker_main(conn) -> None:
+    try:
+        _warm_up()
+    except Exception:  # never fatal: tasks import what they need anyway
+        pass
     while True:
         try:
             task = conn.recv()
