@@ -80,6 +80,12 @@ def main():
     if args.quick:
         batches, lens, heads, sqs = [64], [4096, 16384], [16, 128], [1, 2]
     rows = []
+
+    def save():  # after every row, so a run cut short by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, kernels=kernels,
+                               rows=rows), f, indent=1)
     try:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from triton_mla import triton_mla_decode
@@ -160,6 +166,7 @@ def main():
         else:
             rec["ref_s"] = float("nan")
         rows.append(rec)
+        save()
         print(f"{batch:>5} {L:>6} {h_q:>4} {s_q:>3} {kind:>7} | {t * 1e6:8.1f} {rec['gbps']:6.0f} "
               f"{rec['tflops']:6.1f} {100 * rec['frac_bw']:4.0f} {100 * rec['frac_mma']:4.0f} | "
               f"{ts * 1e6:8.1f} {ts / t:5.1f} | {rec['triton_s'] * 1e6:8.1f} {rec['triton_s'] / t:5.1f} | "
@@ -182,10 +189,7 @@ def main():
                   f"x{tb / tf:4.2f}  fp8 {nb8 / tf / 1e9:6.0f} GB/s", flush=True)
             del q, kc, k8
             torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, kernels=kernels, rows=rows),
-                      f, indent=1)
+    save()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ PYBIND11_MODULE(_C, m) {
 #ifdef FLASHMLA_WITH_CUDA
   m.def("with_cuda", []() { return true; });
   m.def("fp8_kernel", []() { return flashmla::fp8_kernel_built(); });
+  m.def("last_kernel", []() { return std::string(flashmla::last_kernel()); });
   m.def("mla_metadata", [](int64_t seqlens, int batch, int parts, int64_t cum, int64_t meta,
                            int64_t num_splits, int64_t stream) {
     check(flashmla::launch_mla_metadata(reinterpret_cast<const int*>(seqlens), batch, parts,
@@ -58,5 +59,6 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.def("with_cuda", []() { return false; });
   m.def("fp8_kernel", []() { return false; });
+  m.def("last_kernel", []() { return std::string(); });
 #endif
 }

@@ -28,11 +28,14 @@ struct DecodeArgs {
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);
-// Main kernel of the wgmma variant only (BF16 cache); returns a cudaError_t value. The caller
-// (launch_mla_decode) runs the shared combine kernel after it.
+// Main kernel of the wgmma variant only (BF16 cache); returns a cudaError_t value, or -1 without
+// launching anything when the tensors do not suit TMA (FP8 cache, pages not back to back, pointers
+// not 16-byte aligned): the caller then runs the default kernel. The caller (launch_mla_decode)
+// runs the shared combine kernel after it.
 int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
 const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
                                 int* num_splits, void* stream);
 bool fp8_kernel_built();
+const char* last_kernel();  // "default" or "wgmma": the main kernel of the last launch_mla_decode
 
 }  // namespace flashmla

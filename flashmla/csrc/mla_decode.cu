@@ -488,6 +488,9 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t st) {
 
 bool fp8_kernel_built() { return true; }
 
+static const char* g_last_kernel = "";  // host-side record of the last main kernel launched (tests)
+const char* last_kernel() { return g_last_kernel; }
+
 const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int m = a.s_q * a.h_q;
@@ -499,9 +502,12 @@ const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
   const char* kern = getenv("FLASHMLA_KERNEL");
   if (kern && kern[0] && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0)
     return "FLASHMLA_KERNEL must be unset, 'default' or 'wgmma'";
-  cudaError_t e;
-  if (!a.is_fp8 && kern && strcmp(kern, "wgmma") == 0) {
-    e = static_cast<cudaError_t>(launch_mla_decode_wgmma(a, stream));
+  cudaError_t e = cudaSuccess;
+  int wg = -1;  // -1: not run (not selected, FP8 cache, or tensors TMA cannot address)
+  if (!a.is_fp8 && kern && strcmp(kern, "wgmma") == 0) wg = launch_mla_decode_wgmma(a, stream);
+  g_last_kernel = wg >= 0 ? "wgmma" : "default";
+  if (wg >= 0) {
+    e = static_cast<cudaError_t>(wg);
   } else if (a.is_fp8) {  // 64-row tiles do not fit beside the staging buffers: rows go in tiles of 32
     if (m <= 16) e = ks ? launch<1, true, true>(a, st) : launch<1, true, false>(a, st);
     else e = launch<2, true, false>(a, st);

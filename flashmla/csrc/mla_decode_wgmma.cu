@@ -116,7 +116,7 @@ __device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0,
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 below
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;
   uint8_t* sbase = smem_raw + (base - raw);
@@ -375,13 +375,16 @@ bool make_row_map(CUtensorMap* map, const void* ptr, uint64_t rows) {
 }  // namespace
 
 int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
-  // the TMA map treats the cache as rows of 576 bf16: pages must be contiguous and back to back
-  if (a.is_fp8 || a.kcache_block_stride != (int64_t)PAGE * D_QK) return cudaErrorInvalidValue;
+  // the TMA maps treat the cache and q as rows of 576 bf16: pages must be back to back and the
+  // base pointers 16-byte aligned; otherwise -1 (the default kernel runs instead)
+  if (a.is_fp8 || a.kcache_block_stride != (int64_t)PAGE * D_QK ||
+      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
+    return -1;
   alignas(64) CUtensorMap tmK, tmQ;
   const int m = a.s_q * a.h_q;
   if (!make_row_map(&tmK, a.kcache, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
       !make_row_map(&tmQ, a.q, static_cast<uint64_t>(a.batch) * m))
-    return cudaErrorInvalidValue;
+    return -1;
   cudaError_t e = cudaFuncSetAttribute(mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   dim3 grid((m + BM - 1) / BM, a.parts);

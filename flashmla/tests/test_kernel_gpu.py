@@ -1,5 +1,6 @@
 """GPU tests of the CUDA kernels against the float32 reference (marked `gpu`)."""
 import itertools
+import os
 import random
 
 import pytest
@@ -47,7 +48,11 @@ def check(out, lse, ro, rl):
 def run(q, kc, bt, sl, causal=False, fp8=False):
     s_q, h_q = q.shape[1], q.shape[2]
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
-    return flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
+    res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
+    # the variant that actually ran: wgmma when selected for a BF16 cache, else the default kernel
+    want = "wgmma" if os.environ.get("FLASHMLA_KERNEL") == "wgmma" and not fp8 else "default"
+    assert flashmla.api._C.last_kernel() == want
+    return res
 
 
 @pytest.mark.parametrize("lens", [[4096] * 64, [0, 0, 5, 100000, 3], [1] * 300, [0], [16384] + [64] * 131,

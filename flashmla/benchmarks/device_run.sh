@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call that validates and measures the wgmma variant next to the default kernel:
+#   bash flashmla/benchmarks/device_run.sh OUTDIR        (from the repository root, on a CUDA machine)
+# 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
+# crash there drops wgmma from the later steps, so the default kernel's results still come back);
+# 3. all GPU tests (both kernels); 4. bench_decode.py --kernels default,wgmma. Logs and JSON go to
+# OUTDIR; the summary is printed at the end. Fits the 600 s limit of one device call.
+set -uo pipefail
+OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+"$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
+  || { tail -40 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+KERNELS=default,wgmma; SEL=()
+timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
+  -k "test_wgmma_matches_default_kernel or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1
+rc=$?; echo "wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke.log"))"
+if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke.log"; then
+  echo "wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; KERNELS=default; SEL=(-k "not wgmma")
+fi
+t0=$(date +%s)
+timeout 150 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider "${SEL[@]}" >"$OUT/gpu_tests.log" 2>&1
+echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
+grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
+timeout 330 "$PY" flashmla/benchmarks/bench_decode.py --kernels "$KERNELS" --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
+echo "bench: rc=$?"
+cat "$OUT/bench.log"
