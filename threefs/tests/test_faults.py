@@ -54,8 +54,17 @@ def test_meta_and_mgmtd_failover_and_corruption(cluster, tmp_path):
             f.write(b"after failover")
         assert fs.pread("/y", 100, 0) == b"after failover"
         # the new primary still manages chains: a storage node dies and comes back
+        pushes, refreshes = fs.storage.stats["pushes"], fs.storage.stats["refreshes"]
         cluster.kill("s2")
         assert faults.wait_state(cluster, "s2", ("offline",), 20)
+        # the client learns it without asking: mgmtd pushes routing changes (long poll)
+        end = time.time() + 10
+        while time.time() < end and not all(
+                t["state"] == "offline" for c in fs.storage.routing.chains.values()
+                for t in c["targets"] if fs.storage.routing.node_of(t["id"]) == "s2"):
+            time.sleep(0.05)
+        assert fs.storage.stats["pushes"] > pushes
+        assert fs.storage.stats["refreshes"] == refreshes
         with fs.open("/z", "wb") as f:
             f.write(b"while s2 is down")
         cluster.start_process("s2")

@@ -52,7 +52,7 @@ class Client:
         self.mgmtd = MgmtdClient(addrs, self.rpc)
         self.user = {"uid": os.getuid() if uid is None else int(uid),
                      "gid": os.getgid() if gid is None else int(gid), "gids": list(gids)}
-        self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s)
+        self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s, watch=True)
         self.deadline_s = deadline_s
         self._meta_i = random.randrange(1 << 16)
         self._pool = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
@@ -296,6 +296,7 @@ class Client:
 
     def close(self):
         self._stop.set()
+        self.storage.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self.rpc.close()

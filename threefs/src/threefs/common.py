@@ -37,14 +37,15 @@ class MgmtdClient:
         self.current = self.addrs[0]
         self._lock = threading.Lock()
 
-    def call(self, method: str, args: dict | None = None, deadline_s: float = 15.0):
+    def call(self, method: str, args: dict | None = None, deadline_s: float = 15.0,
+             rpc_timeout: float = 5.0):
         end = time.time() + deadline_s
         last = None
         tried = 0
         while True:
             addr = self.current
             try:
-                return self.rpc.call(addr, method, args, timeout=5.0)[0]
+                return self.rpc.call(addr, method, args, timeout=rpc_timeout)[0]
             except rpc.RpcError as e:
                 if e.code != "NOT_PRIMARY":
                     raise

@@ -37,7 +37,9 @@ class Mgmtd:
         self.nodes: dict[str, dict] = {}
         self.chains: list[dict] = []
         self.routing_ver = 0
+        self.term = 0
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._stop = threading.Event()
 
     # --- lease -------------------------------------------------------------------------------
@@ -48,14 +50,20 @@ class Mgmtd:
             cur = t.get(LEASE_KEY)
             cur = json.loads(cur) if cur else None
             if cur is None or cur["holder"] == self.id or cur["expire"] < now:
-                t.put(LEASE_KEY, json.dumps({"holder": self.id, "addr": self.addr,
+                # a new holder starts a new term; routing versions are term << 32 | counter,
+                # so they keep growing across fail-overs
+                term = (cur or {}).get("term", 0)
+                if cur is None or cur["holder"] != self.id or not self.primary:
+                    term += 1
+                t.put(LEASE_KEY, json.dumps({"holder": self.id, "addr": self.addr, "term": term,
                                              "expire": now + self.lease_s}).encode())
-                return True, self.addr
-            return False, cur["addr"]
+                return True, self.addr, term
+            return False, cur["addr"], cur.get("term", 0)
 
-        won, addr = self.kv.transact(txn)
+        won, addr, term = self.kv.transact(txn)
         with self._lock:
             if won and not self.primary:
+                self.term = term
                 self._become_primary()
             elif not won and self.primary:
                 self.log.warning("lost the primary lease to %s", addr)
@@ -83,7 +91,8 @@ class Mgmtd:
         self.log.info("became primary at %s with %d chains", self.addr, len(self.chains))
 
     def _bump(self):
-        self.routing_ver = max(self.routing_ver + 1, int(time.time() * 1000))
+        self.routing_ver = max(self.routing_ver + 1, self.term << 32)
+        self._changed.notify_all()  # answers the clients waiting in watch_routing
 
     # --- chain states ------------------------------------------------------------------------
     def _local_states(self, now: float) -> dict:
@@ -176,6 +185,13 @@ class Mgmtd:
                 return {"routing_ver": self.routing_ver, "routing": self.routing()}, None
             if method == "get_routing":
                 return {"routing": self.routing()}, None
+            if method == "watch_routing":  # long poll: routing is pushed to clients on change
+                v = args.get("version")
+                self._changed.wait_for(lambda: self.routing_ver != v or not self.primary,
+                                       timeout=min(float(args.get("timeout", 5.0)), 10.0))
+                if self.routing_ver == v or not self.primary:
+                    return {"routing_ver": self.routing_ver}, None
+                return {"routing_ver": self.routing_ver, "routing": self.routing()}, None
         raise rpc.RpcError("EINVAL", f"unknown mgmtd method {method!r}")
 
     # --- life cycle ---------------------------------------------------------------------------

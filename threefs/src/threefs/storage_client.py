@@ -21,13 +21,36 @@ def raise_os(e: rpc.RpcError):
 
 
 class StorageClient:
-    def __init__(self, rpc_client: rpc.Client, mgmtd, deadline_s: float = 60.0):
+    def __init__(self, rpc_client: rpc.Client, mgmtd, deadline_s: float = 60.0,
+                 watch: bool = False):
         self.rpc, self.mgmtd, self.deadline_s = rpc_client, mgmtd, deadline_s
         self.routing = Routing()
         self._rlock = threading.Lock()
         self._last_refresh = 0.0
-        self.stats = {"retries": 0, "refreshes": 0}
+        self.stats = {"retries": 0, "refreshes": 0, "pushes": 0}
+        self._stop = threading.Event()
         self.refresh(force=True)
+        if watch:
+            threading.Thread(target=self._watch, daemon=True, name="threefs-routing").start()
+
+    def _watch(self):
+        """Long-poll mgmtd: new routing arrives as soon as it changes."""
+        while not self._stop.is_set():
+            try:
+                res = self.mgmtd.call("watch_routing", {"version": self.routing.version,
+                                                        "timeout": 5.0},
+                                      deadline_s=5.0, rpc_timeout=15.0)
+            except Exception:  # noqa: BLE001 - mgmtd failing over: poll again shortly
+                self._stop.wait(0.2)
+                continue
+            if "routing" in res:
+                with self._rlock:
+                    if res["routing"]["version"] >= self.routing.version:
+                        self.routing = Routing(res["routing"])
+                        self.stats["pushes"] += 1
+
+    def close(self):
+        self._stop.set()
 
     def refresh(self, force: bool = False):
         with self._rlock:
