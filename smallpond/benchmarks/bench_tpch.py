@@ -192,7 +192,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sf", type=float, default=1.0)
     ap.add_argument("--input-files", type=int, default=8)
-    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--systems", nargs="+", default=["ours", "original", "duckdb", "polars"])
     ap.add_argument("--orig-python", default=ORIG_PYTHON)
     ap.add_argument("--timeout", type=int, default=1200)

@@ -71,6 +71,7 @@ def run_hash(task: Task, tmp: str) -> List[str]:
     rng = np.random.default_rng(seed)
     con = _LazyConnection(task)
     writers = [None] * n
+    counts = [0] * n
     buffers: List[List[pa.RecordBatch]] = [[] for _ in range(n)]
     sizes = [0] * n
     out_schema = None
@@ -100,6 +101,7 @@ def run_hash(task: Task, tmp: str) -> List[str]:
                 batch = batch.drop_columns([drop])
             for j, part in enumerate(P.split_batch(batch, idx, off)):
                 if part.num_rows:
+                    counts[j] += part.num_rows
                     buffers[j].append(part)
                     sizes[j] += part.nbytes
                     if sizes[j] >= FLUSH_BYTES:
@@ -117,7 +119,7 @@ def run_hash(task: Task, tmp: str) -> List[str]:
     for j in range(n):
         if writers[j] is None:  # empty output partition: a zero-row file keeps the schema
             pq.write_table(out_schema.empty_table(), os.path.join(tmp, names[j]), compression=task.compression)
-    return names
+    return names, counts
 
 
 class _LazyConnection:

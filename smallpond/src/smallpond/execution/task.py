@@ -102,8 +102,10 @@ def run_task(task: Task) -> TaskResult:
     tmp = f"{task.out_dir}.tmp-{uuid.uuid4().hex[:12]}"
     os.makedirs(tmp)
     try:
-        names = RUNNERS[task.kind](task, tmp)
-        rows = [pq.read_metadata(os.path.join(tmp, n)).num_rows for n in names]
+        out = RUNNERS[task.kind](task, tmp)  # file names, or (file names, row counts)
+        names, rows = out if isinstance(out, tuple) else (out, None)
+        if rows is None:
+            rows = [pq.read_metadata(os.path.join(tmp, n)).num_rows for n in names]
         size = sum(os.path.getsize(os.path.join(tmp, n)) for n in names)
         worker = f"{socket.gethostname()}:{os.getpid()}"
         manifest = dict(files=names, rows=rows, bytes=size, start=start, end=time.time(), worker=worker)
@@ -170,8 +172,8 @@ def run_sql(task: Task, tmp: str) -> List[str]:
         names = register_inputs(con, task.inputs)
         query = task.params["query"].format(*names)
         try:
-            con.execute(_copy_sql(query, os.path.join(tmp, "part-00000.parquet"), task.compression,
-                                  task.params.get("row_group_size")))
+            res = con.execute(_copy_sql(query, os.path.join(tmp, "part-00000.parquet"), task.compression,
+                                        task.params.get("row_group_size"))).fetchall()
         except duckdb.Error as e:
             fatal = isinstance(e, (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
                                    duckdb.ConversionException, duckdb.InvalidInputException))
@@ -179,7 +181,8 @@ def run_sql(task: Task, tmp: str) -> List[str]:
                             fatal=fatal) from None
     finally:
         con.close()
-    return ["part-00000.parquet"]
+    rows = [int(res[0][0])] if res and res[0] and isinstance(res[0][0], int) else None
+    return ["part-00000.parquet"], rows
 
 
 def _read_table(task: Task, ds: DataSet, con=None) -> pa.Table:
