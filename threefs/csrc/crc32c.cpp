@@ -40,7 +40,8 @@ uint32_t crc_sw(uint32_t crc, const uint8_t* p, size_t n) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
+__attribute__((target("sse4.2"))) uint32_t crc_hw_serial(uint32_t crc, const uint8_t* p,
+                                                         size_t n) {
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t w;
@@ -52,6 +53,52 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p
   uint32_t c32 = static_cast<uint32_t>(c);
   while (n--) c32 = __builtin_ia32_crc32qi(c32, *p++);
   return c32;
+}
+
+// The crc32 instruction has a 3-cycle latency but a 1-cycle throughput, so three independent
+// streams over consecutive stripes of kStripe bytes run about three times faster; the stripes'
+// registers are then joined with shift(r) = crc(r, kStripe zero bytes), which is linear in r
+// and is applied with four 256-entry tables.
+constexpr size_t kStripe = 4096;
+
+struct Shift {
+  uint32_t t[4][256];
+  Shift() {
+    static uint8_t zeros[kStripe];
+    uint32_t basis[32];
+    for (int i = 0; i < 32; i++) basis[i] = crc_hw_serial(1u << i, zeros, kStripe);
+    for (int k = 0; k < 4; k++)
+      for (int b = 0; b < 256; b++) {
+        uint32_t v = 0;
+        for (int bit = 0; bit < 8; bit++)
+          if (b >> bit & 1) v ^= basis[8 * k + bit];
+        t[k][b] = v;
+      }
+  }
+  uint32_t operator()(uint32_t r) const {
+    return t[0][r & 0xFF] ^ t[1][(r >> 8) & 0xFF] ^ t[2][(r >> 16) & 0xFF] ^ t[3][r >> 24];
+  }
+};
+
+__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
+  static const Shift shift;
+  while (n >= 3 * kStripe) {
+    uint64_t a = crc, b = 0, c = 0;
+    for (size_t i = 0; i < kStripe; i += 8) {
+      uint64_t wa, wb, wc;
+      std::memcpy(&wa, p + i, 8);
+      std::memcpy(&wb, p + kStripe + i, 8);
+      std::memcpy(&wc, p + 2 * kStripe + i, 8);
+      a = __builtin_ia32_crc32di(a, wa);
+      b = __builtin_ia32_crc32di(b, wb);
+      c = __builtin_ia32_crc32di(c, wc);
+    }
+    uint32_t r = shift(static_cast<uint32_t>(a)) ^ static_cast<uint32_t>(b);
+    crc = shift(r) ^ static_cast<uint32_t>(c);
+    p += 3 * kStripe;
+    n -= 3 * kStripe;
+  }
+  return crc_hw_serial(crc, p, n);
 }
 bool have_hw() {
   static const bool h = __builtin_cpu_supports("sse4.2");

@@ -18,7 +18,7 @@ def rnd(rng, n):
 def test_crc32c_matches_reference():
     assert crc32c(b"123456789") == 0xE3069283 == ref.crc32c(b"123456789")
     rng = random.Random(1)
-    for n in (0, 1, 7, 8, 9, 63, 64, 1000, 4097):
+    for n in (0, 1, 7, 8, 9, 63, 64, 1000, 4097, 12287, 12288, 12289, 3 * 12288 + 5, 100_003):
         d = rnd(rng, n)
         assert crc32c(d) == ref.crc32c(d)
         # continuation
