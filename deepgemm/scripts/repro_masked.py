@@ -40,15 +40,16 @@ def one(replays: int, g=8, mg=64, n=4096, k=7168, eager=20):
         return cfg
     kernels.make_config = patched
 
-    torch.manual_seed(0)
-    x = torch.randn(g, mg, k, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
-    mm = torch.full((g,), mg, dtype=torch.int32, device="cuda")
-    d = torch.empty(g, mg, n, device="cuda", dtype=torch.bfloat16)
-    stage = "eager"
+    stage = "setup"
     try:
+        torch.manual_seed(0)
+        x = torch.randn(g, mg, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
+        mm = torch.full((g,), mg, dtype=torch.int32, device="cuda")
+        d = torch.empty(g, mg, n, device="cuda", dtype=torch.bfloat16)
+        stage = "eager"
         for _ in range(eager):
             dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, mg)
         torch.cuda.synchronize()

@@ -180,9 +180,10 @@ def test_cuda_graph_masked_replays(ksplit, epi):
 
 
 @pytest.mark.parametrize("m", [1, 5, 16])
-@pytest.mark.parametrize("nk", [(2112, 7168), (7168, 2048), (24576, 1536)], ids=lambda nk: f"n{nk[0]}k{nk[1]}")
+@pytest.mark.parametrize("nk", [(2112, 7168), (7168, 2048), (24576, 1536), (1000, 512)], ids=lambda nk: f"n{nk[0]}k{nk[1]}")
 def test_swap_ab_dense(m, nk, monkeypatch):
-    """DEEPGEMM_SWAP_AB=1: the swap-AB kernel for M <= 16 (BF16 out; FP32 out with C; FP8 out)."""
+    """DEEPGEMM_SWAP_AB=1: the swap-AB kernel for M <= 16 (BF16 out; FP32 out with C; FP8 out);
+    N = 1000 ends on a partial 64-row tile."""
     monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
     n, k = nk
     x, y = _rand((m, k), 20 + m), _rand((n, k), 21)
