@@ -16,7 +16,13 @@ namespace {
 
 constexpr uint32_t kMagic = 0x43534633;  // "3FSC"
 constexpr size_t kHeader = 64;
+constexpr size_t kBlock = 4096;  // each 4 KiB block of a chunk has its own CRC32C
 
+size_t nblocks(size_t size) { return (size + kBlock - 1) / kBlock; }
+// On-disk bytes of a chunk file: header, data, block CRC table.
+uint64_t file_bytes(uint64_t size) { return kHeader + size + 4 * nblocks(size); }
+
+// File: header (64) | data (size) | CRC32C of each 4 KiB block (u32 each).
 // On-disk header: magic u32 | format u32 | version u64 | chain_ver u64 | size u32 | crc u32 |
 // reserved (28 bytes) | header crc u32 (over the first 60 bytes).
 struct Header {
@@ -26,7 +32,7 @@ struct Header {
 
 void encode(const Header& h, char* out) {
   std::memset(out, 0, kHeader);
-  uint32_t fmt = 1;
+  uint32_t fmt = 2;
   std::memcpy(out, &kMagic, 4);
   std::memcpy(out + 4, &fmt, 4);
   std::memcpy(out + 8, &h.ver, 8);
@@ -38,10 +44,11 @@ void encode(const Header& h, char* out) {
 }
 
 bool decode(const char* in, Header* h) {
-  uint32_t magic, hc;
+  uint32_t magic, fmt, hc;
   std::memcpy(&magic, in, 4);
+  std::memcpy(&fmt, in + 4, 4);
   std::memcpy(&hc, in + 60, 4);
-  if (magic != kMagic || hc != crc32c(0, in, 60)) return false;
+  if (magic != kMagic || fmt != 2 || hc != crc32c(0, in, 60)) return false;
   std::memcpy(&h->ver, in + 8, 8);
   std::memcpy(&h->chain_ver, in + 16, 8);
   std::memcpy(&h->size, in + 24, 4);
@@ -191,7 +198,7 @@ void ChunkEngine::recover() {
         if (!unhex(n.substr(0, n.size() - 2), &id)) continue;
         Fd f(::open(p.c_str(), O_RDONLY));
         Header h;
-        bool ok = f.fd >= 0 && read_header(f.fd, &h) && file_size(p) == off_t(kHeader + h.size);
+        bool ok = f.fd >= 0 && read_header(f.fd, &h) && file_size(p) == off_t(file_bytes(h.size));
         if (is_c) {
           if (!ok) {  // unreadable committed file: keep it aside, sync will restore the chunk
             ::rename(p.c_str(), (p + ".bad").c_str());
@@ -202,7 +209,7 @@ void ChunkEngine::recover() {
           m.chain_ver = h.chain_ver;
           m.size = h.size;
           m.crc = h.crc;
-          used_ += kHeader + h.size;
+          used_ += file_bytes(h.size);
         } else {
           auto it = chunks_.find(id);
           uint64_t cv = it == chunks_.end() ? 0 : it->second.committed_ver;
@@ -215,7 +222,7 @@ void ChunkEngine::recover() {
           m.pending_size = h.size;
           m.pending_crc = h.crc;
           m.chain_ver = std::max(m.chain_ver, h.chain_ver);
-          used_ += kHeader + h.size;
+          used_ += file_bytes(h.size);
         }
       }
     }
@@ -235,11 +242,28 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
   h.size = static_cast<uint32_t>(size);
   h.crc = crc;
   encode(h, hdr);
+  // block CRC table, computed over the parts as they lie
+  std::vector<uint32_t> table(nblocks(size), 0);
+  {
+    size_t pos = 0;
+    for (auto& p : parts) {
+      const char* q = p.first;
+      size_t n = p.second;
+      while (n) {
+        size_t b = pos / kBlock, k = std::min(n, kBlock - pos % kBlock);
+        table[b] = crc32c(table[b], q, k);
+        q += k;
+        n -= k;
+        pos += k;
+      }
+    }
+  }
   std::vector<iovec> iov;
   iov.push_back({hdr, kHeader});
   for (auto& p : parts)
     if (p.second) iov.push_back({const_cast<char*>(p.first), p.second});
-  size_t total = kHeader + size, done = 0;
+  if (!table.empty()) iov.push_back({table.data(), table.size() * 4});
+  size_t total = file_bytes(size), done = 0;
   size_t idx = 0;
   while (done < total) {
     ssize_t w = ::writev(f.fd, iov.data() + idx, static_cast<int>(iov.size() - idx));
@@ -322,8 +346,8 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   for (auto& p : parts) crc = crc32c(crc, p.first, p.second);
   {
     std::lock_guard<std::mutex> g(mu_);
-    uint64_t old_pending = m.pending_ver ? kHeader + m.pending_size : 0;
-    if (used_ - old_pending + kHeader + new_size > capacity_)
+    uint64_t old_pending = m.pending_ver ? file_bytes(m.pending_size) : 0;
+    if (used_ - old_pending + file_bytes(new_size) > capacity_)
       throw IoError(ENOSPC, "no space left on the storage target (capacity " +
                                 std::to_string(capacity_) + " bytes)");
   }
@@ -331,12 +355,12 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   maybe_crash("after_pending_rename");
   std::lock_guard<std::mutex> g(mu_);
   ChunkMeta& cur = chunks_[id];
-  if (cur.pending_ver) used_ -= kHeader + cur.pending_size;
+  if (cur.pending_ver) used_ -= file_bytes(cur.pending_size);
   cur.pending_ver = ver;
   cur.pending_size = static_cast<uint32_t>(new_size);
   cur.pending_crc = crc;
   cur.chain_ver = chain_ver;
-  used_ += kHeader + new_size;
+  used_ += file_bytes(new_size);
   return cur;
 }
 
@@ -360,7 +384,7 @@ bool ChunkEngine::commit(const std::string& id, uint64_t ver) {
   maybe_crash("after_commit_rename");
   std::lock_guard<std::mutex> g(mu_);
   ChunkMeta& cur = chunks_[id];
-  if (cur.committed_ver) used_ -= kHeader + cur.size;
+  if (cur.committed_ver) used_ -= file_bytes(cur.size);
   cur.committed_ver = ver;
   cur.size = cur.pending_size;
   cur.crc = cur.pending_crc;
@@ -378,23 +402,23 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
     std::lock_guard<std::mutex> g(mu_);
     auto it = chunks_.find(id);
     if (it != chunks_.end()) m = it->second;
-    uint64_t old = (m.committed_ver ? kHeader + m.size : 0);
-    if (used_ - old + kHeader + len > capacity_)
+    uint64_t old = (m.committed_ver ? file_bytes(m.size) : 0);
+    if (used_ - old + file_bytes(len) > capacity_)
       throw IoError(ENOSPC, "no space left on the storage target");
   }
   write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc);
   if (m.pending_ver) ::unlink(chunk_path(id, true).c_str());
   std::lock_guard<std::mutex> g(mu_);
   ChunkMeta& cur = chunks_[id];
-  if (cur.committed_ver) used_ -= kHeader + cur.size;
-  if (cur.pending_ver) used_ -= kHeader + cur.pending_size;
+  if (cur.committed_ver) used_ -= file_bytes(cur.size);
+  if (cur.pending_ver) used_ -= file_bytes(cur.pending_size);
   cur.committed_ver = ver;
   cur.chain_ver = chain_ver;
   cur.size = static_cast<uint32_t>(len);
   cur.crc = crc;
   cur.pending_ver = 0;
   cur.pending_size = cur.pending_crc = 0;
-  used_ += kHeader + len;
+  used_ += file_bytes(len);
   return cur;
 }
 
@@ -403,7 +427,7 @@ bool ChunkEngine::abort(const std::string& id, uint64_t ver) {
   auto it = chunks_.find(id);
   if (it == chunks_.end() || it->second.pending_ver != ver) return false;
   ::unlink(chunk_path(id, true).c_str());
-  used_ -= kHeader + it->second.pending_size;
+  used_ -= file_bytes(it->second.pending_size);
   it->second.pending_ver = 0;
   it->second.pending_size = it->second.pending_crc = 0;
   if (!it->second.committed_ver) chunks_.erase(it);
@@ -432,11 +456,25 @@ bool ChunkEngine::read(const std::string& id, uint64_t offset, uint64_t length, 
     if (crc32c(0, out, n) != h.crc) throw ChecksumError("checksum mismatch in " + c);
     return true;
   }
-  std::vector<char> all(h.size);
-  if (h.size) pread_full(f.fd, all.data(), h.size, kHeader);
-  if (crc32c(0, all.data(), all.size()) != h.crc) throw ChecksumError("checksum mismatch in " + c);
+  // partial read: verify only the 4 KiB blocks it touches, against the block CRC table
+  if (n == 0) {
+    alloc(0);
+    return true;
+  }
+  size_t b0 = offset / kBlock, b1 = (offset + n - 1) / kBlock;
+  size_t lo = b0 * kBlock, hi = std::min<size_t>((b1 + 1) * kBlock, h.size);
+  std::vector<char> span(hi - lo);
+  std::vector<uint32_t> crcs(b1 - b0 + 1);
+  pread_full(f.fd, span.data(), span.size(), kHeader + lo);
+  pread_full(f.fd, reinterpret_cast<char*>(crcs.data()), crcs.size() * 4,
+             kHeader + h.size + 4 * b0);
+  for (size_t b = b0; b <= b1; b++) {
+    size_t s0 = b * kBlock - lo, len = std::min<size_t>(kBlock, h.size - b * kBlock);
+    if (crc32c(0, span.data() + s0, len) != crcs[b - b0])
+      throw ChecksumError("checksum mismatch in block " + std::to_string(b) + " of " + c);
+  }
   char* out = alloc(n);
-  if (n) std::memcpy(out, all.data() + offset, n);
+  std::memcpy(out, span.data() + (offset - lo), n);
   return true;
 }
 
@@ -464,8 +502,8 @@ bool ChunkEngine::remove(const std::string& id) {
   if (it == chunks_.end()) return false;
   ::unlink(chunk_path(id, true).c_str());
   ::unlink(chunk_path(id, false).c_str());
-  if (it->second.committed_ver) used_ -= kHeader + it->second.size;
-  if (it->second.pending_ver) used_ -= kHeader + it->second.pending_size;
+  if (it->second.committed_ver) used_ -= file_bytes(it->second.size);
+  if (it->second.pending_ver) used_ -= file_bytes(it->second.pending_size);
   chunks_.erase(it);
   return true;
 }

@@ -2,8 +2,10 @@
 //
 // Each chunk id (opaque bytes; threefs uses inode id u64 BE + chunk index u32 BE) owns at most two
 // files under root/<xx>/<hex id>:
-//   <hex>.c   the committed version   (64-byte header + data)
-//   <hex>.p   the pending version     (64-byte header + data)
+//   <hex>.c   the committed version   (64-byte header + data + CRC32C of each 4 KiB block)
+//   <hex>.p   the pending version     (same layout)
+// The header holds the CRC32C of the whole data (the chunk's checksum in its metadata); partial
+// reads verify only the 4 KiB blocks they touch, whole-chunk reads the whole-data CRC.
 // Updates are copy-on-write: the new content goes to <hex>.p.tmp, is (optionally) fsynced and is
 // renamed to <hex>.p; commit renames <hex>.p over <hex>.c. A rename is atomic, so after a crash at
 // any point a chunk is either at its old or at its new state; leftover *.tmp files and pending

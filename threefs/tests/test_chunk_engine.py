@@ -119,6 +119,35 @@ def test_checksum_detects_flipped_byte(tmp_path):
     assert e.read(cid) == data
 
 
+def test_block_checksums_localise_corruption(tmp_path):
+    e = ChunkEngine(tmp_path, max_chunk_size=CS)
+    cid = chunk_id(6, 0)
+    data = os.urandom(10 * 4096 + 123)
+    e.update(cid, 1, 1, 0, data)
+    e.commit(cid, 1)
+    rng = random.Random(5)
+    for _ in range(50):  # clean partial reads of any range
+        off, n = rng.randrange(len(data)), rng.randrange(1, 20000)
+        assert e.read(cid, off, n) == data[off:off + n]
+    with open(e.chunk_path(cid), "r+b") as f:  # corrupt block 5
+        f.seek(64 + 5 * 4096 + 17)
+        b = f.read(1)
+        f.seek(64 + 5 * 4096 + 17)
+        f.write(bytes([b[0] ^ 4]))
+    assert e.read(cid, 2 * 4096, 3 * 4096) == data[2 * 4096:5 * 4096]  # blocks 2-4: fine
+    for off, n in ((5 * 4096, 1), (4 * 4096 + 4000, 200), (0, len(data))):
+        with pytest.raises(ChecksumError):
+            e.read(cid, off, n)
+    with open(e.chunk_path(cid), "r+b") as f:  # corrupt the last block's table entry instead
+        f.seek(64 + 5 * 4096 + 17)
+        f.write(bytes([b[0]]))
+        f.seek(64 + len(data) + 4 * 10)
+        f.write(b"\0\0\0\0")
+    assert e.read(cid, 0, 5 * 4096) == data[:5 * 4096]
+    with pytest.raises(ChecksumError):
+        e.read(cid, len(data) - 10, 10)
+
+
 def test_capacity_enospc_keeps_data(tmp_path):
     e = ChunkEngine(tmp_path, capacity_bytes=3 * 1024, max_chunk_size=CS)
     a = chunk_id(1, 0)
