@@ -116,11 +116,14 @@ def run_smallpond(files, out, nparts, work, kind):
     return t_init, t_job
 
 
-def run_duckdb(files, out):
+def run_duckdb(files, out, memory_limit=None):
     import duckdb
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
-    con = duckdb.connect(config={"threads": 2})
+    config = {"threads": 2}
+    if memory_limit:
+        config["memory_limit"] = memory_limit
+    con = duckdb.connect(config=config)
     lst = "[" + ", ".join(f"'{f}'" for f in files) + "]"
     con.execute(f"copy (select key, payload from read_parquet({lst}) order by key) to '{out}/sorted.parquet' (format parquet)")
     return 0.0, time.perf_counter() - t0
@@ -139,7 +142,7 @@ def worker(args) -> None:
     if args.system in ("ours", "original"):
         t_init, t_job = run_smallpond(files, args.out, args.partitions, args.work, args.system)
     elif args.system == "duckdb":
-        t_init, t_job = run_duckdb(files, args.out)
+        t_init, t_job = run_duckdb(files, args.out, args.duckdb_memory)
     else:
         t_init, t_job = run_polars(files, args.out)
     emit({"init_s": t_init, "job_s": t_job})
@@ -156,6 +159,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=1200)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--duckdb-memory", default=None, help="memory_limit of the single-process DuckDB peer, e.g. 8GB")
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--files", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -179,7 +183,8 @@ def main() -> None:
             env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"} if system == "original" else {}  # Ray on 127.0.0.1
             r = run_worker(python, os.path.abspath(__file__),
                            ["--system", system, "--files", json.dumps(files), "--out", out, "--work", swork,
-                            "--partitions", str(args.partitions)], args.timeout, env)
+                            "--partitions", str(args.partitions)]
+                           + (["--duckdb-memory", args.duckdb_memory] if args.duckdb_memory else []), args.timeout, env)
             r["system"] = system
             if "error" not in r:
                 r["check"] = verify(out, rows, hi_sum)

@@ -34,7 +34,7 @@ def machine() -> str:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "log", "-1", "--format=%h", "--", ".."], capture_output=True, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip()
     except Exception:
         return "unknown"

@@ -198,8 +198,14 @@ def test_write_parquet_and_recompute(sp_session, tmp_path):
     assert sp_session._driver.tasks_run == before + 1
 
 
-def test_report_written(sp_session, tmp_path):
-    sp_session.from_items(list(range(10))).repartition(2, hash_by="item").count()
+def test_report_and_progress(sp_session, tmp_path, capsys):
+    sp_session.config.progress = True
+    try:
+        sp_session.from_items(list(range(10))).repartition(2, hash_by="item").count()
+    finally:
+        sp_session.config.progress = False
+    err = capsys.readouterr().err
+    assert "HashPartitionNode" in err and "1/1 tasks" in err and "10 rows" in err  # one line per stage
     html = open(sp_session.report()).read()
     assert "HashPartitionNode" in html and "<svg" in html
     png = sp_session.report(str(tmp_path / "r.png"))
