@@ -26,7 +26,7 @@ def configs():
     cases += [("dense", 2112, 7168, 1000, 1), ("dense", 4096, 384, 3, 1), ("dense", 2112, 128, 40, 1)]
     out = set()
     for (kind, n, k, m, g), epi, ks, bn, sw, sms, dt in itertools.product(
-            cases, ("staged", "direct"), ("0", "1"), ("fill", "pow2"), ("0", "1"), (132, 77),
+            cases, ("staged", "direct"), ("0", "1"), ("fill", "pow2"), ("0", "1", "2"), (132, 77),
             (torch.bfloat16, torch.float32)):
         out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, ks, bn, sw))
     return sorted(out, key=lambda c: tuple(c.__dict__.values()))
@@ -39,7 +39,7 @@ def main():
     rows = []
     for cfg in configs():
         _, rec = compiler.build("deepgemm_kernel", K.kernel_source(cfg), backend="nvcc")
-        rows.append(dict(cfg=cfg.__dict__, threads=cfg.threads,
+        rows.append(dict(cfg=cfg.__dict__, threads=cfg.threads, serialised="C75" in rec.ptxas,
                          regs=int(re.search(r"Used (\d+) registers", rec.ptxas).group(1)),
                          spills=sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", rec.ptxas))),
                          stack=int(re.search(r"(\d+) bytes stack frame", rec.ptxas).group(1)),
@@ -47,18 +47,20 @@ def main():
     fam = collections.defaultdict(list)
     for r in rows:
         c = r["cfg"]
-        fam["swap-AB" if c["swap"] else "K split" if c["ksplit"] else f"BM {c['bm']}"].append(r)
+        fam[f"swap-AB {c['swap']}" if c["swap"] else "K split" if c["ksplit"] else f"BM {c['bm']}"].append(r)
     print(f"{len(rows)} kernels (nvcc, sm_90a)")
-    print("| family | threads | kernels | registers | spill bytes | stack bytes | max smem | odd stages |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| family | threads | kernels | registers | spill bytes | stack bytes | max smem | odd stages | WGMMA serialised (C75xx) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, v in sorted(fam.items()):
         regs = sorted({r["regs"] for r in v})
         print(f"| {name} | {v[0]['threads']} | {len(v)} | {regs[0]}-{regs[-1]} | {sum(r['spills'] for r in v)} "
-              f"| {sum(r['stack'] for r in v)} | {max(r['smem'] for r in v)} | {sum(r['cfg']['stages'] % 2 for r in v)} |")
+              f"| {sum(r['stack'] for r in v)} | {max(r['smem'] for r in v)} | {sum(r['cfg']['stages'] % 2 for r in v)} "
+              f"| {sum(r['serialised'] for r in v)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f)
-    bad = [r for r in rows if r["spills"] or r["stack"] or (r["cfg"]["ksplit"] and r["cfg"]["stages"] % 2)]
+    bad = [r for r in rows if r["spills"] or r["stack"] or (r["cfg"]["ksplit"] and r["cfg"]["stages"] % 2)
+           or (r["cfg"]["swap"] == 2 and r["serialised"])]
     return 1 if bad else 0
 
 

@@ -179,12 +179,13 @@ def test_cuda_graph_masked_replays(ksplit, epi):
     assert "ok:" in r.stdout and (f"ksplit={ksplit}" in r.stdout), r.stdout
 
 
+@pytest.mark.parametrize("swap", ["1", "2"])
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("nk", [(2112, 7168), (7168, 2048), (24576, 1536), (1000, 512)], ids=lambda nk: f"n{nk[0]}k{nk[1]}")
-def test_swap_ab_dense(m, nk, monkeypatch):
-    """DEEPGEMM_SWAP_AB=1: the swap-AB kernel for M <= 16 (BF16 out; FP32 out with C; FP8 out);
-    N = 1000 ends on a partial 64-row tile."""
-    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
+def test_swap_ab_dense(m, nk, swap, monkeypatch):
+    """DEEPGEMM_SWAP_AB=1|2: the swap-AB kernel for M <= 16, one or two K blocks in flight (BF16 out;
+    FP32 out with C; FP8 out); N = 1000 ends on a partial 64-row tile."""
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", swap)
     n, k = nk
     x, y = _rand((m, k), 20 + m), _rand((n, k), 21)
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
@@ -202,10 +203,11 @@ def test_swap_ab_dense(m, nk, monkeypatch):
     assert dg.calc_diff(d8.float(), r) < 2e-3
 
 
+@pytest.mark.parametrize("swap", ["1", "2"])
 @pytest.mark.parametrize("g,m_max,expected", [(8, 16, 8), (32, 8, 4), (4, 64, 12)])
-def test_swap_ab_masked(g, m_max, expected, monkeypatch):
+def test_swap_ab_masked(g, m_max, expected, swap, monkeypatch):
     """Swap-AB masked layout, including masked_m = 0 and masked_m above the hint (several row blocks)."""
-    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", swap)
     n, k = 4096, 7168
     gen = torch.Generator().manual_seed(g)
     mm = torch.randint(0, m_max + 1, (g,), generator=gen, dtype=torch.int32)

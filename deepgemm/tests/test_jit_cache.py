@@ -96,12 +96,16 @@ def test_real_nvcc_compile(cache):
 
 @pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
 def test_real_nvcc_compile_variants(cache):
-    """The K split (even stages) and the swap-AB kernel compile for sm_90a without spills."""
+    """The K split (even stages) and the swap-AB kernels compile for sm_90a without spills, and the
+    pipelined swap-AB kernel's WGMMAs are not serialised by ptxas (warning C7518)."""
     for cfg in (kernels.Config(2, True, 0, 0, 4096, 7168, 64, 128, 6, 0, 1),
                 kernels.Config(0, True, 1, 1, 2112, 7168, 16, 64, 12, 0, 0, 1),
-                kernels.Config(2, True, 2, 0, 4096, 512, 8, 64, 4, 0, 0, 1)):
+                kernels.Config(2, True, 2, 0, 4096, 512, 8, 64, 4, 0, 0, 1),
+                kernels.Config(0, True, 0, 0, 7168, 16384, 16, 64, 12, 0, 0, 2),
+                kernels.Config(2, True, 0, 0, 4096, 7168, 8, 64, 12, 0, 0, 2)):
         _, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
         assert "0 bytes spill stores" in rec.ptxas and "0 bytes spill loads" in rec.ptxas, (cfg, rec.ptxas)
+        assert "C75" not in rec.ptxas, (cfg, rec.ptxas)
 
 
 def test_small_m_switches(monkeypatch):
@@ -123,6 +127,13 @@ def test_small_m_switches(monkeypatch):
     s1 = kernels.make_config("dense", True, d, None, 7168, 2048, 1, 1)
     s16 = kernels.make_config("masked", True, d, None, 4096, 7168, 16, 32)
     assert (s1.swap, s1.bm, s1.bn, s1.threads) == (1, 8, 64, 256) and (s16.swap, s16.bm) == (1, 16)
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "2")
+    s2 = kernels.make_config("dense", True, d, None, 7168, 2048, 1, 1)
+    assert s2.swap == 2 and "gemm_swap_body<0, 0, 0, 7168, 2048, 8, %d, 1>" % s2.stages in kernels.kernel_source(s2)
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "yes")
+    with pytest.raises(ValueError, match="DEEPGEMM_SWAP_AB"):
+        kernels.make_config("dense", True, d, None, 7168, 2048, 1, 1)
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "1")
     assert kernels.smem_bytes(True, 2048, 8, 64, s1.stages, swap=1) <= kernels.SMEM_LIMIT
     assert "gemm_swap_body<0, 0, 0, 7168, 2048, 8," in kernels.kernel_source(s1)
     assert "m64n8k32" in kernels.kernel_source(s1)

@@ -205,5 +205,5 @@ def build(name: str, source: str, params: dict | None = None, backend: str | Non
 
 
 def _ptxas_summary(log: str) -> str:
-    lines = [ln.strip() for ln in log.splitlines() if "registers" in ln or "spill" in ln or "C7508" in ln]
+    lines = [ln.strip() for ln in log.splitlines() if "registers" in ln or "spill" in ln or "C75" in ln]
     return " | ".join(lines)[-600:]

@@ -26,7 +26,7 @@ KSPLIT_DEFAULT = "0"
 SMALL_M_BN_DEFAULT = "fill"
 SMALL_M = 128
 # FP8, dense/masked, M <= 16: swap-AB kernel (sm90_gemm_swap.cuh) computing D^T = B A^T;
-# DEEPGEMM_SWAP_AB=0|1 overrides. Off by default: compile-checked, not yet measured.
+# DEEPGEMM_SWAP_AB=0|1|2 overrides (2: two K blocks in flight). Off by default: compile-checked, not measured.
 SWAP_AB_DEFAULT = "0"
 SWAP_MAX_M = 16
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
@@ -52,7 +52,7 @@ class Config:
     stages: int
     epi: int = 0  # 1: staged (shared memory, 16-byte coalesced stores) BF16 epilogue
     ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
-    swap: int = 0  # 1 (FP8, M <= 16): swap-AB kernel; bm = rows of A per tile (8 / 16), bn = 64
+    swap: int = 0  # 1 / 2 (FP8, M <= 16): swap-AB kernel (2: pipelined); bm = rows of A per tile (8 / 16), bn = 64
 
     @property
     def threads(self) -> int:
@@ -140,10 +140,12 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT) -> Config:
-    if fp8 and swap_env == "1" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
+    if swap_env not in ("0", "1", "2"):
+        raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
+    if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
         bm = 8 if m_hint <= 8 else 16
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, 64,
-                      max_stages(fp8, k, bm, 64, swap=1), 0, 0, 1)
+                      max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env))
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
     ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
@@ -177,7 +179,7 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
 def kernel_source(cfg: Config) -> str:
     if cfg.swap:
         body = "gemm_swap_body"
-        args = f"{cfg.kind}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.bm}, {cfg.stages}"
+        args = f"{cfg.kind}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.bm}, {cfg.stages}, {cfg.swap - 1}"
         headers = compiler.read_header() + "\n" + compiler.read_header("deepgemm/sm90_gemm_swap.cuh")
         mma_n = cfg.bm  # WGMMA's N is the rows of A
     else:

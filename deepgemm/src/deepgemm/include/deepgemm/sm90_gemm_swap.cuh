@@ -17,7 +17,9 @@ struct SwapPlan {
   static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES;
 };
 
-template <int KIND, int OUT, int CT, int N, int K, int BMS, int STAGES>
+// PIPE = 0: one K block in flight (wait, promote, next); PIPE = 1: two (double-buffered products,
+// in unrolled chunks: with a run-time loop around them ptxas serialises the WGMMAs, warning C7518).
+template <int KIND, int OUT, int CT, int N, int K, int BMS, int STAGES, int PIPE>
 __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                                const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                                const void* __restrict__ c_ptr, const int* __restrict__ grouped,
@@ -25,6 +27,7 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
   static_assert(KIND == kDense || KIND == kMasked, "swap-AB: dense and masked layouts");
   static_assert(BMS == 8 || BMS == 16, "swap-AB: BMS (rows of A per tile) is 8 or 16");
   static_assert(K % 128 == 0, "K");
+  static_assert(PIPE == 0 || STAGES >= 2, "two K blocks in flight need two stages");
   constexpr int KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + 63) / 64;
   using Plan = SwapPlan<true, K, BMS, STAGES>;
@@ -95,37 +98,63 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
     int nm_blk = 0, nn_blk = 0, ng = 0;
     const bool have_next = sched.next(nm_blk, nn_blk, ng);
     const float* nrow = have_next ? sfb_ptr(nn_blk, ng) : sfb_row;
-    float acc[R], t[R];
+    float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    for (int kb = 0; kb < KB; ++kb) {
+    // waits for K block kb's stage, reads its scales into sc and issues its 4 WGMMAs into tt (one commit group)
+    auto issue = [&](int kb, float (&tt)[R], float (&sc)[BMS / 4]) {
       const u32 s = (it + kb) % STAGES, ph = ((it + kb) / STAGES) & 1;
       mbar_wait(bars + 8 * s, ph);
       const float sb = sb_next;  // B's scale for this K block; fetch the next one (maybe the next tile's)
-      if (kb + 1 < KB) sb_next = sfb_row[kb + 1];
-      else if (have_next) sb_next = nrow[0];
-      float sc[BMS / 4];  // sfa * sfb for this thread's columns (lane % 4) * 2 + 8j + {0, 1}
+      sb_next = *(kb + 1 < KB ? sfb_row + kb + 1 : nrow);  // nrow == sfb_row after the last tile
 #pragma unroll
-      for (int j = 0; j < BMS / 8; ++j) {
+      for (int j = 0; j < BMS / 8; ++j) {  // sfa * sfb for this thread's columns (lane % 4) * 2 + 8j + {0, 1}
         sc[2 * j] = sfa_smem[s * BMS + j * 8 + (lane % 4) * 2] * sb;
         sc[2 * j + 1] = sfa_smem[s * BMS + j * 8 + (lane % 4) * 2 + 1] * sb;
       }
       const u32 a_addr = sB + s * B_BYTES, b_addr = sA + s * A_BYTES;  // WGMMA's A is our B and vice versa
-      fence_regs(t);
+      fence_regs(tt);
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) Wgmma<BMS, true>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
+      for (int k = 0; k < 4; ++k) Wgmma<BMS, true>::mma(tt, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(t);
+    };
+    // after K block kb's WGMMAs have completed: free its stage, add the scaled product into acc
+    auto retire = [&](int kb, float (&tt)[R], const float (&sc)[BMS / 4]) {
+      fence_regs(tt);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+      if (lane == 0) mbar_arrive(bars + 8 * (STAGES + (it + kb) % STAGES));
 #pragma unroll
       for (int j = 0; j < BMS / 8; ++j) {
-        acc[j * 4 + 0] += t[j * 4 + 0] * sc[2 * j];
-        acc[j * 4 + 1] += t[j * 4 + 1] * sc[2 * j + 1];
-        acc[j * 4 + 2] += t[j * 4 + 2] * sc[2 * j];
-        acc[j * 4 + 3] += t[j * 4 + 3] * sc[2 * j + 1];
+        acc[j * 4 + 0] += tt[j * 4 + 0] * sc[2 * j];
+        acc[j * 4 + 1] += tt[j * 4 + 1] * sc[2 * j + 1];
+        acc[j * 4 + 2] += tt[j * 4 + 2] * sc[2 * j];
+        acc[j * 4 + 3] += tt[j * 4 + 3] * sc[2 * j + 1];
+      }
+    };
+    if constexpr (PIPE == 0) {
+      float t[R], sc[BMS / 4];
+      for (int kb = 0; kb < KB; ++kb) {
+        issue(kb, t, sc);
+        wgmma_wait<0>();
+        retire(kb, t, sc);
+      }
+    } else {
+      // two K blocks in flight: block kb + 1's WGMMAs run while block kb is promoted. ptxas keeps them
+      // overlapped only in straight-line code, so chunks of CH blocks are unrolled and drained at the end.
+      constexpr int CH = KB <= 16 ? KB : KB % 8 == 0 ? 8 : KB % 4 == 0 ? 4 : KB % 2 == 0 ? 2 : 1;
+      for (int c0 = 0; c0 < KB; c0 += CH) {
+        float t0[R], t1[R], sc0[BMS / 4], sc1[BMS / 4];
+        issue(c0, t0, sc0);
+#pragma unroll
+        for (int q = 0; q < CH; q += 2) {
+          if (q + 1 < CH) { issue(c0 + q + 1, t1, sc1); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
+          retire(c0 + q, t0, sc0);
+          if (q + 1 < CH) {
+            if (q + 2 < CH) { issue(c0 + q + 2, t0, sc0); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
+            retire(c0 + q + 1, t1, sc1);
+          }
+        }
       }
     }
     it += KB;
