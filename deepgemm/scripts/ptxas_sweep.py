@@ -25,10 +25,10 @@ def configs():
               for g, mg in [(1, 256), (8, 64), (32, 32), (32, 256), (8, 16), (32, 8), (4, 12)]]
     cases += [("dense", 2112, 7168, 1000, 1), ("dense", 4096, 384, 3, 1), ("dense", 2112, 128, 40, 1)]
     out = set()
-    for (kind, n, k, m, g), epi, ks, bn, sw, sms, dt in itertools.product(
-            cases, ("staged", "direct"), ("0", "1"), ("fill", "pow2"), ("0", "1", "2"), (132, 77),
+    for (kind, n, k, m, g), epi, ks, bn, sw, pipe, sms, dt in itertools.product(
+            cases, ("staged", "direct"), ("0", "1"), ("fill", "pow2"), ("0", "1", "2"), ("0", "1"), (132, 77),
             (torch.bfloat16, torch.float32)):
-        out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, ks, bn, sw))
+        out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, ks, bn, sw, pipe))
     return sorted(out, key=lambda c: tuple(c.__dict__.values()))
 
 
@@ -47,7 +47,8 @@ def main():
     fam = collections.defaultdict(list)
     for r in rows:
         c = r["cfg"]
-        fam[f"swap-AB {c['swap']}" if c["swap"] else "K split" if c["ksplit"] else f"BM {c['bm']}"].append(r)
+        fam[f"swap-AB {c['swap']}" if c["swap"] else "K split" if c["ksplit"] else
+            f"BM {c['bm']}" + (" pipelined" if c["pipe"] else "")].append(r)
     print(f"{len(rows)} kernels (nvcc, sm_90a)")
     print("| family | threads | kernels | registers | spill bytes | stack bytes | max smem | odd stages | WGMMA serialised (C75xx) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -60,7 +61,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(rows, f)
     bad = [r for r in rows if r["spills"] or r["stack"] or (r["cfg"]["ksplit"] and r["cfg"]["stages"] % 2)
-           or (r["cfg"]["swap"] == 2 and r["serialised"])]
+           or ((r["cfg"]["swap"] == 2 or r["cfg"]["pipe"]) and r["serialised"])]
     return 1 if bad else 0
 
 

@@ -224,6 +224,36 @@ def test_swap_ab_masked(g, m_max, expected, swap, monkeypatch):
             _check(d[gi, :m], r[gi, :m])
 
 
+@pytest.mark.parametrize("epi", ["staged", "direct"])
+def test_pipelined_fp8(epi, monkeypatch):
+    """DEEPGEMM_PIPE=1: two K blocks in flight per consumer warpgroup (BM 64 and 128, with C, odd and
+    small K block counts), dense and masked."""
+    monkeypatch.setenv("DEEPGEMM_PIPE", "1")
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
+    for m, n, k in [(1, 7168, 16384), (64, 7168, 2048), (128, 2112, 7168), (1000, 4096, 7168), (3, 4096, 384),
+                    (40, 2112, 128), (4096, 7168, 2048)]:
+        x, y = _rand((m, k), m + 1), _rand((n, k), n + 1)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        c = torch.randn(m, n, device=DEV)
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        dg.fp8_gemm_nt(a, b, d, c=c)
+        r = torch.empty(m, n, device=DEV)
+        ref.ref_gemm_nt(*a, *b, r, c)
+        _check(d, r)
+    g, m_max, n, k = 8, 64, 4096, 7168
+    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
+    x, y = _rand((g, m_max, k), 30), _rand((g, n, k), 31)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=32)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
+    for gi, mg in enumerate(mm.tolist()):
+        assert d[gi, mg:].float().isnan().all()
+        if mg:
+            _check(d[gi, :mg], r[gi, :mg])
+
+
 def test_torch_compile_cuda():
     m, n, k = 128, 7168, 2048
     x, y = _rand((m, k), 11), _rand((n, k), 12)

@@ -96,13 +96,15 @@ def test_real_nvcc_compile(cache):
 
 @pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
 def test_real_nvcc_compile_variants(cache):
-    """The K split (even stages) and the swap-AB kernels compile for sm_90a without spills, and the
-    pipelined swap-AB kernel's WGMMAs are not serialised by ptxas (warning C7518)."""
+    """The K split (even stages), the swap-AB kernels and the pipelined FP8 kernels compile for sm_90a
+    without spills, and ptxas does not serialise the pipelined kernels' WGMMAs (warning C7518)."""
     for cfg in (kernels.Config(2, True, 0, 0, 4096, 7168, 64, 128, 6, 0, 1),
                 kernels.Config(0, True, 1, 1, 2112, 7168, 16, 64, 12, 0, 0, 1),
                 kernels.Config(2, True, 2, 0, 4096, 512, 8, 64, 4, 0, 0, 1),
                 kernels.Config(0, True, 0, 0, 7168, 16384, 16, 64, 12, 0, 0, 2),
-                kernels.Config(2, True, 0, 0, 4096, 7168, 8, 64, 12, 0, 0, 2)):
+                kernels.Config(2, True, 0, 0, 4096, 7168, 8, 64, 12, 0, 0, 2),
+                kernels.Config(2, True, 0, 0, 4096, 7168, 64, 128, 9, 0, 0, 0, 1),
+                kernels.Config(0, True, 0, 0, 7168, 2048, 128, 128, 6, 1, 0, 0, 1)):
         _, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
         assert "0 bytes spill stores" in rec.ptxas and "0 bytes spill loads" in rec.ptxas, (cfg, rec.ptxas)
         assert "C75" not in rec.ptxas, (cfg, rec.ptxas)
@@ -140,6 +142,17 @@ def test_small_m_switches(monkeypatch):
     assert kernels.make_config("dense", True, d, None, 7168, 2048, 17, 1).swap == 0  # M > 16
     assert kernels.make_config("contiguous", True, d, None, 7168, 2048, 1, 1).swap == 0
     assert kernels.make_config("dense", False, d, None, 7168, 2048, 1, 1).swap == 0  # BF16
+    monkeypatch.setenv("DEEPGEMM_SWAP_AB", "0")
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).pipe == 0  # off by default
+    monkeypatch.setenv("DEEPGEMM_PIPE", "1")
+    p = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    assert p.pipe == 1 and kernels.kernel_source(p).count(f"{p.stages}, 1, 0, 1>(") == 1
+    assert kernels.make_config("dense", False, d, None, 7168, 2048, 64, 1).pipe == 0  # BF16
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", "1")
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).pipe == 0  # not with the K split
+    monkeypatch.setenv("DEEPGEMM_PIPE", "2")
+    with pytest.raises(ValueError, match="DEEPGEMM_PIPE"):
+        kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
 
 
 def test_block_choice_and_smem():

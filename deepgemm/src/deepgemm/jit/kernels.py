@@ -29,6 +29,9 @@ SMALL_M = 128
 # DEEPGEMM_SWAP_AB=0|1|2 overrides (2: two K blocks in flight). Off by default: compile-checked, not measured.
 SWAP_AB_DEFAULT = "0"
 SWAP_MAX_M = 16
+# FP8 without the K split: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1 overrides.
+# Off by default: compile-checked, not yet measured.
+PIPE_DEFAULT = "0"
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -53,6 +56,7 @@ class Config:
     epi: int = 0  # 1: staged (shared memory, 16-byte coalesced stores) BF16 epilogue
     ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
     swap: int = 0  # 1 / 2 (FP8, M <= 16): swap-AB kernel (2: pipelined); bm = rows of A per tile (8 / 16), bn = 64
+    pipe: int = 0  # 1 (FP8, no K split): two K blocks in flight per consumer warpgroup
 
     @property
     def threads(self) -> int:
@@ -134,12 +138,13 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_EPILOGUE", EPILOGUE_DEFAULT),
                         os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT),
                         os.environ.get("DEEPGEMM_SMALL_M_BN", SMALL_M_BN_DEFAULT),
-                        os.environ.get("DEEPGEMM_SWAP_AB", SWAP_AB_DEFAULT))
+                        os.environ.get("DEEPGEMM_SWAP_AB", SWAP_AB_DEFAULT),
+                        os.environ.get("DEEPGEMM_PIPE", PIPE_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
-                 small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT) -> Config:
+                 small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
@@ -152,7 +157,10 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
     stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
-    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit)
+    if pipe_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_PIPE: expected 0 or 1, got {pipe_env!r}")
+    pipe = int(fp8 and not ksplit and pipe_env == "1")
+    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe)
 
 
 # source generation
@@ -185,7 +193,7 @@ def kernel_source(cfg: Config) -> str:
     else:
         body = "gemm_body"
         args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
-                f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}")
+                f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}" + (", 1" if cfg.pipe else ""))
         headers = compiler.read_header()
         mma_n = cfg.bn
     return (

@@ -132,6 +132,9 @@ struct SmemPlan {
 
 // EPI = 0: registers -> global directly (any output type); EPI = 1 (BF16 output): registers ->
 // padded shared-memory tile -> 16-byte coalesced global stores.
+// PIPE = 1 (FP8, no KSPLIT): two K blocks in flight per consumer warpgroup (block kb + 1's WGMMAs run
+// while block kb is promoted), in unrolled chunks (a run-time loop around them makes ptxas serialise the
+// WGMMAs, warning C7518).
 // KSPLIT = 1 (FP8, BM = 64): two consumer warpgroups share each 64-row tile, taking alternate K
 // blocks; warpgroup 1 hands its partial sums to warpgroup 0 through shared memory at the end.
 // STAGES must then be even (the host guarantees it): each warpgroup waits only on the full barriers
@@ -139,7 +142,8 @@ struct SmemPlan {
 // stage must never alternate between the warpgroups within a tile (named barrier 3 orders them
 // across tiles). With odd STAGES a warpgroup could pass the wait while the other's TMA load into
 // that stage was still in flight (see stages_ok_for_ksplit in deepgemm/jit/kernels.py).
-template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT>
+template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
+          int PIPE = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
@@ -147,6 +151,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int NUM_MATH_WG = KSPLIT ? 2 : BM / 64;
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
+  static_assert(!PIPE || (FP8 && !KSPLIT && STAGES >= 2), "PIPE: FP8 without KSPLIT, >= 2 stages");
   constexpr int KEL = FP8 ? 128 : 64;  // elements per 128-byte K block
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
@@ -253,7 +258,12 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     // scales of K block kb: B's were prefetched (sb*_next), A's come with the stage
     auto take_scales = [&](int kb, u32 s, float (&sc)[4]) {
       const float sb0 = sb0_next, sb1 = sb1_next;
-      if (kb + KSTEP < KB) {
+      if constexpr (PIPE) {  // selects, not branches (nrow == sfb_row0 after the last tile)
+        const bool same = kb + KSTEP < KB;
+        const float* p = same ? sfb_row0 + kb + KSTEP : nrow + kw;
+        const int st = same ? sfb_step : nstep;
+        sb0_next = p[0]; sb1_next = p[st];
+      } else if (kb + KSTEP < KB) {
         sb0_next = sfb_row0[kb + KSTEP]; sb1_next = sfb_row0[sfb_step + kb + KSTEP];
       } else if (have_next) {
         sb0_next = nrow[kw]; sb1_next = nrow[nstep + kw];
@@ -302,7 +312,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       wgmma_wait<0>();
       fence_regs(acc);
       release((it + KB - 1) % STAGES);
-    } else {
+    } else if constexpr (!PIPE) {
       float t[BN / 2], sc[4];
       for (int kb = kw; kb < KB; kb += KSTEP) {
         issue(kb, t, sc);
@@ -310,6 +320,26 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         fence_regs(t);
         release((it + kb) % STAGES);
         promote(t, sc);
+      }
+    } else {
+      constexpr int CH = KB <= 16 ? KB : KB % 8 == 0 ? 8 : KB % 4 == 0 ? 4 : KB % 2 == 0 ? 2 : 1;
+      auto retire = [&](int kb, float (&t)[BN / 2], const float (&sc)[4]) {
+        fence_regs(t);
+        release((it + kb) % STAGES);
+        promote(t, sc);
+      };
+      for (int c0 = 0; c0 < KB; c0 += CH) {
+        float t0[BN / 2], t1[BN / 2], sc0[4], sc1[4];
+        issue(c0, t0, sc0);
+#pragma unroll
+        for (int q = 0; q < CH; q += 2) {
+          if (q + 1 < CH) { issue(c0 + q + 1, t1, sc1); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
+          retire(c0 + q, t0, sc0);
+          if (q + 1 < CH) {
+            if (q + 2 < CH) { issue(c0 + q + 2, t0, sc0); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
+            retire(c0 + q + 1, t1, sc1);
+          }
+        }
       }
     }
     it += KB;
