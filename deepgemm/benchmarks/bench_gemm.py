@@ -208,7 +208,7 @@ def main():
     cases = [("dense", 1, 7168, 16384), ("dense", 1, 4096, 7168), ("dense", 16, 7168, 2048),
              ("dense", 64, 7168, 2048), ("dense", 64, 2112, 7168), ("dense", 64, 24576, 1536),
              ("dense", 128, 7168, 2048), ("dense", 128, 4096, 7168), ("dense", 64, 4096, 7168),
-             ("masked", 8, 4096, 7168)]
+             ("masked", 8, 4096, 7168), ("masked", 32, 7168, 2048), ("dense", 4096, 7168, 2048), ("dense", 4096, 4096, 7168)]
     for spec in args.compare:
         env, values = spec.split("=")
         for layout, m, n, k in cases:
