@@ -146,7 +146,63 @@ ChunkEngine::ChunkEngine(const std::string& root, const std::string& fsync_polic
     std::string d = root_ + "/" + sub;
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) throw sys_error("mkdir " + d);
   }
+  free_dir_ = root_ + "/free";
+  if (::mkdir(free_dir_.c_str(), 0755) != 0 && errno != EEXIST) throw sys_error("mkdir " + free_dir_);
   recover();
+}
+
+ChunkEngine::ReadGuard::ReadGuard(ChunkEngine* eng) : e(eng) {
+  std::lock_guard<std::mutex> g(e->mu_);
+  it = e->readers_.insert(e->epoch_);
+}
+
+ChunkEngine::ReadGuard::~ReadGuard() {
+  std::lock_guard<std::mutex> g(e->mu_);
+  e->readers_.erase(it);
+}
+
+std::string ChunkEngine::stash(const std::string& path) {
+  std::string q;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (free_.size() + stashed_ >= kMaxFree) return "";
+    q = free_dir_ + "/" + std::to_string(free_seq_++) + ".f";
+    stashed_++;
+  }
+  if (::link(path.c_str(), q.c_str()) == 0) return q;
+  std::lock_guard<std::mutex> g(mu_);
+  stashed_--;
+  return "";
+}
+
+void ChunkEngine::release(const std::string& pooled, bool ok) {
+  if (pooled.empty()) return;
+  std::lock_guard<std::mutex> g(mu_);
+  stashed_--;
+  if (ok)
+    free_.push_back({pooled, ++epoch_});
+  else
+    ::unlink(pooled.c_str());
+}
+
+void ChunkEngine::recycle_locked(const std::string& path) {
+  if (free_.size() + stashed_ < kMaxFree) {
+    std::string q = free_dir_ + "/" + std::to_string(free_seq_++) + ".f";
+    if (::rename(path.c_str(), q.c_str()) == 0) {
+      free_.push_back({q, ++epoch_});
+      return;
+    }
+  }
+  ::unlink(path.c_str());
+}
+
+std::string ChunkEngine::take_free_locked() {
+  if (free_.empty()) return "";
+  // readers that started before the file entered the pool may still be reading it
+  if (!readers_.empty() && *readers_.begin() < free_.front().second) return "";
+  std::string q = free_.front().first;
+  free_.pop_front();
+  return q;
 }
 
 std::string ChunkEngine::dir_of(const std::string& id) const {
@@ -173,6 +229,16 @@ void ChunkEngine::recover() {
   std::lock_guard<std::mutex> g(mu_);
   chunks_.clear();
   used_ = 0;
+  free_.clear();
+  if (DIR* fd = ::opendir(free_dir_.c_str())) {
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(fd)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(fd);
+    for (const auto& n : names) ::unlink((free_dir_ + "/" + n).c_str());
+  }
   for (int i = 0; i < 256; i++) {
     char sub[4];
     std::snprintf(sub, sizeof sub, "%02x", i);
@@ -233,7 +299,29 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
                              const std::vector<std::pair<const char*, size_t>>& parts,
                              size_t size, uint32_t crc) {
   std::string tmp = path + ".tmp";
-  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  std::string reuse;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    reuse = take_free_locked();
+  }
+  Fd f(-1);
+  off_t reused_size = -1;
+  if (!reuse.empty()) {  // overwrite a pooled file in place: no block allocation or freeing
+    if (::rename(reuse.c_str(), tmp.c_str()) == 0) {
+      f.fd = ::open(tmp.c_str(), O_WRONLY);
+      struct stat st;
+      if (f.fd >= 0 && ::fstat(f.fd, &st) == 0 && st.st_nlink == 1) {
+        reused_size = st.st_size;
+      } else {
+        if (f.fd >= 0) ::close(f.fd);
+        f.fd = -1;
+        ::unlink(tmp.c_str());
+      }
+    } else {
+      ::unlink(reuse.c_str());
+    }
+  }
+  if (f.fd < 0) f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (f.fd < 0) throw sys_error("open " + tmp);
   char hdr[kHeader];
   Header h;
@@ -283,17 +371,25 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
       iov[idx].iov_len -= w;
     }
   }
+  if (reused_size > off_t(total) && ::ftruncate(f.fd, off_t(total)) != 0) {
+    IoError e = sys_error("ftruncate " + tmp);
+    ::unlink(tmp.c_str());
+    throw e;
+  }
   if (policy_ != FsyncPolicy::None && ::fsync(f.fd) != 0) {
     IoError e = sys_error("fsync " + tmp);
     ::unlink(tmp.c_str());
     throw e;
   }
   maybe_crash("after_data_write");
+  std::string old = stash(path);  // the file this rename replaces goes to the pool
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     IoError e = sys_error("rename " + tmp);
+    release(old, false);
     ::unlink(tmp.c_str());
     throw e;
   }
+  release(old, true);
   fsync_dir(path.substr(0, path.rfind('/')));
 }
 
@@ -321,6 +417,7 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   std::vector<char> base;
   bool need_base = base_size > 0 && !(offset == 0 && len >= new_size);
   if (need_base) {
+    ReadGuard rg(this);
     base.assign(std::max<size_t>(base_size, new_size), 0);
     std::string src = chunk_path(id, m.pending_ver != 0);
     Fd f(::open(src.c_str(), O_RDONLY));
@@ -379,7 +476,13 @@ bool ChunkEngine::commit(const std::string& id, uint64_t ver) {
   }
   maybe_crash("before_commit_rename");
   std::string p = chunk_path(id, true), c = chunk_path(id, false);
-  if (::rename(p.c_str(), c.c_str()) != 0) throw sys_error("rename " + p);
+  std::string old = stash(c);
+  if (::rename(p.c_str(), c.c_str()) != 0) {
+    IoError e = sys_error("rename " + p);
+    release(old, false);
+    throw e;
+  }
+  release(old, true);
   fsync_dir(dir_of(id));
   maybe_crash("after_commit_rename");
   std::lock_guard<std::mutex> g(mu_);
@@ -407,8 +510,8 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
       throw IoError(ENOSPC, "no space left on the storage target");
   }
   write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc);
-  if (m.pending_ver) ::unlink(chunk_path(id, true).c_str());
   std::lock_guard<std::mutex> g(mu_);
+  if (m.pending_ver) recycle_locked(chunk_path(id, true));
   ChunkMeta& cur = chunks_[id];
   if (cur.committed_ver) used_ -= file_bytes(cur.size);
   if (cur.pending_ver) used_ -= file_bytes(cur.pending_size);
@@ -426,7 +529,7 @@ bool ChunkEngine::abort(const std::string& id, uint64_t ver) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = chunks_.find(id);
   if (it == chunks_.end() || it->second.pending_ver != ver) return false;
-  ::unlink(chunk_path(id, true).c_str());
+  recycle_locked(chunk_path(id, true));
   used_ -= file_bytes(it->second.pending_size);
   it->second.pending_ver = 0;
   it->second.pending_size = it->second.pending_crc = 0;
@@ -436,6 +539,7 @@ bool ChunkEngine::abort(const std::string& id, uint64_t ver) {
 
 bool ChunkEngine::read(const std::string& id, uint64_t offset, uint64_t length, bool verify,
                        const std::function<char*(size_t)>& alloc, bool pending) {
+  ReadGuard rg(this);
   std::string c = chunk_path(id, pending);
   Fd f(::open(c.c_str(), O_RDONLY));
   if (f.fd < 0) {
@@ -500,8 +604,8 @@ bool ChunkEngine::remove(const std::string& id) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = chunks_.find(id);
   if (it == chunks_.end()) return false;
-  ::unlink(chunk_path(id, true).c_str());
-  ::unlink(chunk_path(id, false).c_str());
+  recycle_locked(chunk_path(id, true));  // a missing file is skipped
+  recycle_locked(chunk_path(id, false));
   if (it->second.committed_ver) used_ -= file_bytes(it->second.size);
   if (it->second.pending_ver) used_ -= file_bytes(it->second.pending_size);
   chunks_.erase(it);

@@ -12,6 +12,8 @@
 // files that are not newer than the committed one are removed when the engine opens.
 #pragma once
 #include <cstdint>
+#include <deque>
+#include <set>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -84,6 +86,30 @@ class ChunkEngine {
                   uint32_t crc);
   void fsync_dir(const std::string& path) const;
   std::string dir_of(const std::string& id) const;
+
+  // File recycling. Copy-on-write replaces a chunk file by a new one on every update; creating
+  // a file and freeing the replaced one (ext4 block allocation, page and block freeing) costs
+  // several times the data write itself. Replaced and removed files therefore go to a small
+  // pool (root/free) and are overwritten in place as the next ".tmp" files. A pooled file is
+  // reused only when no read that may still hold it open is in progress (epochs: `epoch_` ticks
+  // when a file enters the pool, each read records the epoch it started at). The pool is
+  // emptied on open, since after a crash a pooled name may still alias a live chunk file.
+  struct ReadGuard {
+    ChunkEngine* e;
+    std::multiset<uint64_t>::iterator it;
+    explicit ReadGuard(ChunkEngine* eng);
+    ~ReadGuard();
+  };
+  std::string stash(const std::string& path);  // hard-link a file that a rename will replace
+  void release(const std::string& pooled, bool ok);  // after that rename: into the pool
+  void recycle_locked(const std::string& path);       // instead of unlink (mu_ held)
+  std::string take_free_locked();                     // a reusable pool file, or ""
+  std::string free_dir_;
+  std::deque<std::pair<std::string, uint64_t>> free_;
+  std::multiset<uint64_t> readers_;
+  uint64_t epoch_ = 0, free_seq_ = 0;
+  size_t stashed_ = 0;
+  static constexpr size_t kMaxFree = 32;
 
   std::string root_;
   FsyncPolicy policy_;

@@ -5,10 +5,15 @@ Connection set-up (mutual challenge-response on the cluster secret):
     server -> client   b"3FSH" | chosen flags (1) | server nonce (16) | HMAC(secret, "srv" + t) (32)
     client -> server   HMAC(secret, "cli" + t)                                            (32)
     with t = offered + chosen + cn + sn; session key = HMAC(secret, "key" + t)
-Flag 1 (both sides have the `cryptography` package): payloads are authenticated with Poly1305
-under a one-time key HMAC(session key, "otk" + frame header) (the header holds the direction
-and the sequence number, so no key repeats), and the frame MAC covers header + meta + that tag.
-Without it the frame MAC covers the payload bytes directly (HMAC-SHA256, about 10x slower).
+Payload MAC, chosen by the server from what both sides offer (the choice is covered by the
+handshake proofs, so it cannot be downgraded unnoticed):
+  flag 2 (default with `cryptography`): AES-128-GMAC, i.e. AES-GCM with an empty plaintext and
+    the payload as associated data, under the key HMAC(session key, "gmac")[:16] and the nonce
+    kind + sequence number from the frame header (unique per key: each direction counts its
+    own frames); about 0.06 ms per MiB with AES-NI/PCLMUL;
+  flag 1: Poly1305 under a one-time key HMAC(session key, "otk" + frame header) (~0.2 ms/MiB);
+  neither: HMAC-SHA256 over the payload bytes (~0.75 ms/MiB).
+The frame MAC covers header + meta + the payload tag (or the payload itself for flag 0).
 A peer without the secret never gets past this step: the server closes the connection.
 
 Frame (both directions):
@@ -24,6 +29,7 @@ a bad MAC, truncated frames and meta that is not a JSON object, by closing the c
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -39,12 +45,26 @@ MAX_META = 1 << 20
 MAX_DATA = 64 << 20
 HELLO = b"3FSH"
 FLAG_POLY1305 = 1
+FLAG_GMAC = 2
 try:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     from cryptography.hazmat.primitives.poly1305 import Poly1305
-    LOCAL_FLAGS = FLAG_POLY1305
+    LOCAL_FLAGS = FLAG_POLY1305 | FLAG_GMAC
 except ImportError:  # optional: without it payloads are MACed with HMAC-SHA256
-    Poly1305 = None
+    Poly1305 = AESGCM = None
     LOCAL_FLAGS = 0
+SOCK_BUF = 4 << 20  # socket buffers that hold a whole 1 MiB frame and then some
+
+
+def choose_flags(offered: int, local: int) -> int:
+    """The payload MAC both ends support: AES-GMAC over Poly1305 over HMAC-SHA256 (flag 0)."""
+    both = offered & local
+    return FLAG_GMAC if both & FLAG_GMAC else both & FLAG_POLY1305
+
+
+@functools.lru_cache(maxsize=4096)
+def _gmac_for(key: bytes):
+    return AESGCM(hmac.digest(key, b"gmac", "sha256")[:16])
 
 
 class ProtocolError(Exception):
@@ -66,7 +86,12 @@ class RpcError(Exception):
 def _mac(key: bytes, header: bytes, meta: bytes, data_parts, flags: int = 0) -> bytes:
     h = hmac.new(key, header, hashlib.sha256)
     h.update(meta)
-    if flags & FLAG_POLY1305 and data_parts:
+    if flags & FLAG_GMAC and data_parts:
+        # AES-128-GMAC (GCM with the payload as associated data) under a per-connection key;
+        # the nonce is the header's kind + sequence number, so it never repeats for one key
+        data = data_parts[0] if len(data_parts) == 1 else b"".join(data_parts)
+        h.update(_gmac_for(key).encrypt(header[3:12] + b"\0\0\0", b"", data))
+    elif flags & FLAG_POLY1305 and data_parts:
         p = Poly1305(hmac.digest(key, b"otk" + header, "sha256"))
         for part in data_parts:
             p.update(part)
@@ -82,7 +107,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     view = memoryview(buf)
     got = 0
     while got < n:
-        r = sock.recv_into(view[got:], n - got)
+        r = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if r == 0:
             raise ProtocolError(f"connection closed after {got} of {n} bytes (truncated frame)")
         got += r
@@ -92,10 +117,20 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
     got, n = 0, view.nbytes
     while got < n:
-        r = sock.recv_into(view[got:], n - got)
+        r = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)  # one syscall per frame
         if r == 0:
             raise ProtocolError(f"connection closed after {got} of {n} bytes (truncated frame)")
         got += r
+
+
+def tune_socket(s: socket.socket) -> None:
+    """No Nagle delay; send/receive buffers large enough for a 1 MiB payload in one go."""
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
+        except OSError:
+            pass
 
 
 def _secret_bytes(secret) -> bytes:
@@ -114,6 +149,7 @@ class Channel:
         self.sock, self.key, self.flags = sock, key, flags
         self.send_seq = 0
         self.recv_seq = 0
+        self._rbuf = None  # reused receive buffer (see recv(reuse=True))
 
     def send(self, kind: int, meta: dict, data=None) -> None:
         parts = [] if data is None else (list(data) if isinstance(data, (list, tuple)) else [data])
@@ -134,9 +170,11 @@ class Channel:
                 self.sock.sendall(b[sent:])
                 sent = 0
 
-    def recv(self, kind: int, into=None):
+    def recv(self, kind: int, into=None, reuse: bool = False):
         """(meta dict, data). With `into` (a writable memoryview), data that fits is read
-        straight into it and returned as a memoryview of it."""
+        straight into it and returned as a memoryview of it. With `reuse`, data lands in a
+        buffer owned by the channel and valid until the next recv (no allocation and page
+        faults per frame; the server uses it, as a request is handled before the next one)."""
         hdr = bytes(_recv_exact(self.sock, HEADER.size + MAC_LEN))
         magic, ver, k, seq, mlen, dlen = HEADER.unpack_from(hdr)
         if magic != b"3F" or ver != 1:
@@ -148,6 +186,10 @@ class Channel:
         if seq != self.recv_seq:
             raise ProtocolError(f"sequence number {seq}, expected {self.recv_seq}")
         meta = _recv_exact(self.sock, mlen)
+        if dlen and reuse:
+            if self._rbuf is None or self._rbuf.nbytes < dlen:
+                self._rbuf = memoryview(bytearray(max(dlen, 1 << 20)))
+            into = self._rbuf
         if dlen and into is not None and dlen <= into.nbytes:
             data = into[:dlen]
             _recv_into(self.sock, data)
@@ -180,7 +222,7 @@ def client_handshake(sock: socket.socket, secret: bytes, flags: int = LOCAL_FLAG
         r = bytes(_recv_exact(sock, 4 + 1 + 16 + 32))
     except ProtocolError:
         raise AuthError("server closed the connection during the handshake") from None
-    if r[:4] != HELLO or r[4] & ~flags:
+    if r[:4] != HELLO or r[4] & ~flags or r[4] not in (0, FLAG_POLY1305, FLAG_GMAC):
         raise AuthError("server sent a bad hello")
     chosen, sn, proof = r[4], r[5:21], r[21:]
     t = bytes([flags, chosen]) + cn + sn
@@ -196,7 +238,7 @@ def server_handshake(sock: socket.socket, secret: bytes, flags: int = LOCAL_FLAG
     if r[:4] != HELLO:
         raise ProtocolError("bad hello")
     offered, cn, sn = r[4], r[5:], os.urandom(16)
-    chosen = offered & flags
+    chosen = choose_flags(offered, flags)
     t = bytes([offered, chosen]) + cn + sn
     sock.sendall(HELLO + bytes([chosen]) + sn + hmac.digest(secret, b"srv" + t, "sha256"))
     proof = bytes(_recv_exact(sock, 32))
@@ -227,6 +269,7 @@ class Server:
         host, port = parse_addr(addr)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tune_socket(self.sock)  # accepted sockets inherit the buffer sizes
         self.sock.bind((host, port))
         self.sock.listen(256)
         self.addr = f"{host}:{self.sock.getsockname()[1]}"
@@ -245,7 +288,7 @@ class Server:
                 s, _ = self.sock.accept()
             except OSError:
                 return
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune_socket(s)
             threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
     def _serve(self, s: socket.socket):
@@ -258,7 +301,7 @@ class Server:
             s.settimeout(None)
             while not self._stop:
                 try:
-                    meta, data = ch.recv(0)
+                    meta, data = ch.recv(0, reuse=True)
                 except ProtocolError as e:
                     if "closed after 0 of" not in str(e):
                         self.stats["rejected"] += 1
@@ -320,7 +363,7 @@ class Client:
                 return lst.pop()
         host, port = parse_addr(addr)
         s = socket.create_connection((host, port), timeout=self.connect_timeout)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_socket(s)
         try:
             key, chosen = client_handshake(s, self.secret, self.flags)
         except BaseException:
@@ -358,12 +401,54 @@ class Client:
             raise RpcError(res["err"], res.get("msg", ""), **extra)
         return res, rdata
 
+    def start(self, addr: str, method: str, args: dict | None = None, data=None,
+              timeout: float | None = None) -> "Pending":
+        """Send a request now and take the answer later (Pending.finish): the caller overlaps
+        the server's work with its own (the client's sequential readahead uses this)."""
+        ch = self._get(addr)
+        try:
+            ch.sock.settimeout(timeout or self.timeout)
+            ch.send(0, {"m": method, **(args or {})}, data)
+        except (OSError, ProtocolError) as e:
+            ch.close()
+            raise ConnectionError(f"rpc {method} to {addr} failed: {e}") from None
+        return Pending(self, addr, method, ch)
+
     def close(self):
         with self._lock:
             for lst in self._pool.values():
                 for ch in lst:
                     ch.close()
             self._pool.clear()
+
+
+class Pending:
+    """An answer still to be received on a channel that stays out of the pool until then."""
+
+    def __init__(self, client: Client, addr: str, method: str, ch: Channel):
+        self.client, self.addr, self.method, self.ch = client, addr, method, ch
+
+    def finish(self, into=None):
+        """(result dict, data) as Client.call returns them; raises RpcError/ConnectionError."""
+        ch, self.ch = self.ch, None
+        if ch is None:
+            raise ConnectionError("answer already taken or cancelled")
+        try:
+            res, rdata = ch.recv(1, None if into is None else memoryview(into).cast("B"))
+        except (OSError, ProtocolError) as e:
+            ch.close()
+            raise ConnectionError(f"rpc {self.method} to {self.addr} failed: {e}") from None
+        self.client._put(self.addr, ch)
+        if "err" in res:
+            extra = {k: v for k, v in res.items() if k not in ("err", "msg")}
+            raise RpcError(res["err"], res.get("msg", ""), **extra)
+        return res, rdata
+
+    def cancel(self):
+        """Drop the answer: the connection is closed (its frame sequence is then broken)."""
+        if self.ch is not None:
+            self.ch.close()
+            self.ch = None
 
 
 def wait_port(addr: str, timeout: float = 10.0) -> bool:

@@ -147,6 +147,36 @@ class StorageClient:
             raise last if last else rpc.RpcError("UNAVAILABLE", "no replica answered")
         return self._retry(f"read chunk {cid.hex()}", op)
 
+    def start_read(self, chain_id: int, cid: bytes, offset: int, length: int):
+        """Send a read of committed bytes to one serving replica and return (pending, length)
+        without waiting (readahead); finish it with finish_read. None when no replica is known."""
+        c = self.routing.chain(chain_id)
+        serving = Routing.serving(c) if c else []
+        if not serving:
+            return None
+        addr = self.routing.addr_of(random.choice(serving)["id"])
+        if addr is None:
+            return None
+        try:
+            return self.rpc.start(addr, "read", {"chain": chain_id, "chain_ver": c["ver"],
+                                                 "chunk": cid.hex(), "offset": offset,
+                                                 "length": length}), length
+        except ConnectionError:
+            return None
+
+    def finish_read(self, started, chain_id: int, cid: bytes, offset: int, into) -> int:
+        """Receive a started read into `into`; if that replica refused or failed, read again
+        the usual way (read_chunk: other replicas, retries). Returns the byte count."""
+        pending, length = started
+        try:
+            _, d = pending.finish(into=into)
+            return 0 if d is None else d.nbytes
+        except (rpc.RpcError, ConnectionError) as e:
+            if isinstance(e, rpc.AuthError) or (isinstance(e, rpc.RpcError)
+                                                and e.code not in RETRY_CODES | {"CHECKSUM"}):
+                raise
+        return self.read_chunk(chain_id, cid, offset, length, into=into)
+
     def last_chunk(self, chain_id: int, inode: int):
         def op():
             c = self._chain(chain_id)
