@@ -56,6 +56,7 @@ def test_resume_after_kill(tmp_path):
     assert tasks_run == (8 - len(done)) + 8        # the missing map tasks + the 8 SQL tasks
     assert count == 800
     assert all(os.stat(p).st_mtime_ns == m for p, m in mtimes.items())
+    assert not glob.glob(os.path.join(root, "resume-test", "tasks", "*", "*.tmp-*"))  # killed attempts cleaned
     import duckdb
     got = duckdb.sql(f"select count(*), sum(item), sum(twice) from read_parquet('{out}/*.parquet')").fetchall()[0]
     assert got == (800, sum(range(800)), 2 * sum(range(800)))

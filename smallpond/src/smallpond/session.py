@@ -219,7 +219,7 @@ class Session:
             raise RuntimeError("this session was shut down; create a new one with smallpond.init()")
 
     def shutdown(self) -> None:
-        """Stop the workers (or disconnect from Ray) and write the final report."""
+        """Stop the workers (or disconnect from Ray). The report is written after every execution."""
         if self._closed:
             return
         self._closed = True

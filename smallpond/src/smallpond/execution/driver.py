@@ -2,6 +2,7 @@
 finished output yet on the executor, and records per-stage statistics for the report."""
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import time
@@ -65,6 +66,9 @@ class Driver:
             if stage.tasks:
                 bar = StageProgress(k, len(todo), node.name, len(stage.tasks), len(stage.tasks) - len(missing),
                                     self.session.config.progress)
+                for i in missing:  # folders of attempts that died with an earlier run of the job
+                    for stale in glob.glob(stage.tasks[i].out_dir + ".tmp-*"):
+                        shutil.rmtree(stale, ignore_errors=True)
                 if missing:
                     fresh = self.session.executor.run([stage.tasks[i] for i in missing],
                                                       on_done=lambda r: bar.update(r.num_rows))
