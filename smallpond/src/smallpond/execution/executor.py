@@ -70,13 +70,23 @@ class LocalExecutor(Executor):
             while queue or busy:
                 self._ensure_workers()
                 for w in self._workers:
-                    if w not in busy and queue:
+                    if w.ready and w not in busy and queue:
                         i = queue.pop(0)
                         attempts[i] += 1
                         w.conn.send(tasks[i])
                         busy[w] = i
-                handles = [w.conn for w in busy] + [w.proc.sentinel for w in busy]
+                starting = [w for w in self._workers if not w.ready]
+                handles = [h for w in list(busy) + starting for h in (w.conn, w.proc.sentinel)]
                 ready = set(mp_wait(handles))
+                for w in starting:  # a worker takes tasks once it has warmed up
+                    if w.conn in ready:
+                        try:
+                            w.conn.recv()
+                            w.ready = True
+                        except (EOFError, OSError):
+                            w.close()
+                    elif w.proc.sentinel in ready:
+                        w.close()
                 for w in list(busy):
                     if w.conn in ready:
                         i = busy.pop(w)
@@ -149,6 +159,10 @@ def _worker_main(conn) -> None:
         _warm_up()
     except Exception:  # never fatal: tasks import what they need anyway
         pass
+    try:
+        conn.send(("ready", None))
+    except (EOFError, OSError):
+        return
     while True:
         try:
             task = conn.recv()
@@ -173,6 +187,7 @@ def _worker_main(conn) -> None:
 class _Worker:
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
+        self.ready = False
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=_worker_main, args=(child,), name="smallpond-worker")
         with _main_hidden():

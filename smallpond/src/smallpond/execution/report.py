@@ -102,12 +102,15 @@ def _write_png(path: str, job_id: str, stages: List[StageStats]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tasks, t0, lanes = _timeline(stages)
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.35 * max(1, len(lanes))))
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.35 * max(2, len(lanes))))
     for si, r in tasks:
         ax.barh(lanes[r.worker], r.end - r.start, left=r.start - t0, color=COLORS[si % len(COLORS)], edgecolor="white")
     ax.set_yticks(range(len(lanes)), list(lanes))
     ax.set_xlabel("seconds")
-    ax.set_title(f"smallpond job {job_id}: " + ", ".join(f"{s.name} ({s.rows:,} rows)" for s in stages)[:120], fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    from matplotlib.patches import Patch
+    handles = [Patch(color=COLORS[si % len(COLORS)], label=f"{s.name}: {len(s.results)} tasks, {s.rows:,} rows")
+               for si, s in enumerate(stages) if s.results]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(f"smallpond job {job_id}: task timeline (one lane per worker)", fontsize=9)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
