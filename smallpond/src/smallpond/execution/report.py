@@ -98,7 +98,10 @@ td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child{{t
 
 
 def _write_png(path: str, job_id: str, stages: List[StageStats]) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("a PNG report needs matplotlib (pip install matplotlib); HTML reports need nothing") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     tasks, t0, lanes = _timeline(stages)
