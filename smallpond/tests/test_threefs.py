@@ -45,15 +45,43 @@ def threefs_cluster(tmp_path):
     threefs = pytest.importorskip("threefs")
     d = tmp_path / "3fs"
     cmd = [sys.executable, "-m", "threefs", "cluster"]
-    up = subprocess.run(cmd + ["up", "--dir", str(d), "--storage-nodes", "1", "--replicas", "1"],
-                        capture_output=True, text=True, timeout=60)
-    if up.returncode != 0:
-        pytest.skip(f"threefs cluster did not start: {up.stderr[-300:]}")
     try:
+        up = subprocess.run(cmd + ["up", "--dir", str(d), "--storage-nodes", "1", "--replicas", "1"],
+                            capture_output=True, text=True, timeout=60)
+        ok = up.returncode == 0
+        why = up.stderr[-300:]
+    except subprocess.TimeoutExpired:
+        ok, why = False, "timed out"
+    try:
+        if not ok:
+            pytest.skip(f"threefs cluster did not start: {why}")
         info = json.loads((d / "cluster.json").read_text())
         yield threefs, {"mgmtd": info["mgmtd"], "secret": info["secret"]}
     finally:
-        subprocess.run(cmd + ["down", "--dir", str(d)], capture_output=True, timeout=60)
+        try:
+            subprocess.run(cmd + ["down", "--dir", str(d)], capture_output=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_cluster_processes(d)
+
+
+def _kill_cluster_processes(d):
+    """Kill, by pid, any service of the cluster this test started that is still running."""
+    import signal
+    try:
+        procs = json.loads((d / "cluster.json").read_text()).get("processes", {})
+    except (OSError, ValueError):
+        return
+    for p in procs.values():
+        pid = p.get("pid")
+        if isinstance(pid, int):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if str(d).encode() not in f.read():
+                        continue  # the pid was reused by another process
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
 
 
 def test_threefs_client(tmp_path, threefs_cluster):
