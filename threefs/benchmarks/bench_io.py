@@ -102,7 +102,9 @@ def run_parallel(worker, kind, procs, ctx_args, paths, size, nrand):
     return total, wall
 
 
-def fio(kind, procs, size, directory, nrand):
+def fio(kind, procs, size, directory, nrand, direct=False):
+    """fio's bandwidth in MiB/s; direct=False keeps the page cache (as the local-fs column
+    and threefs' storage do), direct=True bypasses it (O_DIRECT: the disk itself)."""
     if shutil.which("fio") is None:
         return None
     rw = {"seq-write": "write", "seq-read": "read", "rand-read": "randread"}[kind]
@@ -110,7 +112,7 @@ def fio(kind, procs, size, directory, nrand):
     cmd = ["fio", "--name=b", f"--rw={rw}", f"--bs={bs}", f"--size={size}",
            f"--numjobs={procs}", f"--directory={directory}", "--ioengine=psync",
            "--group_reporting", "--output-format=json", "--end_fsync=0",
-           "--invalidate=0"]  # keep the page cache, as the other two columns do
+           "--invalidate=0", f"--direct={int(direct)}"]
     if kind == "rand-read":
         cmd.append(f"--number_ios={nrand}")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -167,6 +169,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from threefs import LocalCluster, __version__
 
+    load0 = os.getloadavg()
     root = tempfile.mkdtemp(prefix="threefs-bench-", dir=a.dir)
     rows = []
     try:
@@ -182,7 +185,7 @@ def main(argv=None):
                 for kind in ("seq-write", "seq-read", "rand-read"):
                     div = 4096 if kind == "rand-read" else MiB
                     unit = "IOPS" if kind == "rand-read" else "MiB/s"
-                    ours_l, peer_l, fio_l = [], [], []
+                    ours_l, peer_l, fio_l, fiod_l = [], [], [], []
                     for _ in range(a.repeat):  # interleaved, so load changes hit all three
                         n, dt = run_parallel(_tfs_worker, kind, p, (cl.mgmtd_addrs, cl.secret),
                                              tpaths, per, a.rand_reads)
@@ -191,21 +194,29 @@ def main(argv=None):
                         fdir = os.path.join(root, f"fio{p}")
                         os.makedirs(fdir, exist_ok=True)
                         fv = fio(kind, p, per, fdir, a.rand_reads)
+                        fd = fio(kind, p, per, fdir, a.rand_reads, direct=True)
+                        if fd is not None:
+                            fiod_l.append(fd * MiB / div)
                         ours_l.append(n / div / dt)
                         peer_l.append(ln / div / ldt)
                         if fv is not None:
                             fio_l.append(fv * MiB / div)
                     ours, peer = statistics.median(ours_l), statistics.median(peer_l)
                     fio_v = statistics.median(fio_l) if fio_l else None
+                    fiod = statistics.median(fiod_l) if fiod_l else None
                     rows.append({"workload": kind, "procs": p, "unit": unit, "threefs": ours,
-                                 "local_fs": peer, "fio": fio_v, "ratio": ours / peer})
+                                 "local_fs": peer, "fio": fio_v, "fio_direct": fiod,
+                                 "ratio": ours / peer,
+                                 "ratio_fio_direct": ours / fiod if fiod else None,
+                                 "runs": {"threefs": ours_l, "local_fs": peer_l}})
                     print(f"{kind:10s} procs={p}  threefs {ours:9.1f} {unit:5s}  local fs "
                           f"{peer:9.1f}  fio {fio_v if fio_v is None else round(fio_v, 1)}  "
+                          f"fio direct {fiod if fiod is None else round(fiod, 1)}  "
                           f"ratio {ours / peer:.3f}", flush=True)
             m, lm = meta_bench(fs, local, a.meta_ops)
             for k in ("create", "stat", "unlink"):
                 rows.append({"workload": f"meta-{k}", "procs": 1, "unit": "ops/s",
-                             "threefs": m[k], "local_fs": lm[k], "fio": None,
+                             "threefs": m[k], "local_fs": lm[k], "fio": None, "fio_direct": None,
                              "ratio": m[k] / lm[k]})
                 print(f"meta-{k:6s} procs=1  threefs {m[k]:9.1f} ops/s  local fs {lm[k]:9.1f}  "
                       f"ratio {m[k] / lm[k]:.4f}", flush=True)
@@ -214,15 +225,18 @@ def main(argv=None):
             cl.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print("\n| workload | procs | threefs | local fs | fio | unit | threefs / local fs |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| workload | procs | threefs | local fs | fio | fio direct | unit "
+          "| threefs / local fs |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         f = "-" if r["fio"] is None else f"{r['fio']:.1f}"
+        fd = "-" if r["fio_direct"] is None else f"{r['fio_direct']:.1f}"
         print(f"| {r['workload']} | {r['procs']} | {r['threefs']:.1f} | {r['local_fs']:.1f} | {f} "
-              f"| {r['unit']} | {r['ratio']:.3f} |")
+              f"| {fd} | {r['unit']} | {r['ratio']:.3f} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"version": __version__, "fsync": a.fsync, "size_mib": a.size_mib,
+            json.dump({"version": __version__, "loadavg_start": load0, "fsync": a.fsync,
+                       "size_mib": a.size_mib,
                        "repeat": a.repeat, "cpus": os.cpu_count(),
                        "loadavg_end": os.getloadavg(), "rows": rows}, f, indent=1)
 

@@ -48,6 +48,19 @@ PYBIND11_MODULE(_C, m) {
         return crc32c(crc, b.ptr, b.len);
       },
       py::arg("data"), py::arg("crc") = 0);
+  m.def(
+      "crc32c_blocks",
+      [](py::buffer data) {
+        Buf b(data);
+        std::vector<uint32_t> t((b.len + kBlockBytes - 1) / kBlockBytes);
+        uint32_t crc;
+        {
+          py::gil_scoped_release nogil;
+          crc = crc32c_blocks(b.ptr, b.len, t.data());
+        }
+        return py::make_tuple(crc, t);
+      },
+      py::arg("data"), "(CRC32C of data, [CRC32C of each 4 KiB block]) in one pass");
 
   g_checksum_error = py::exception<ChecksumError>(m, "ChecksumError", PyExc_IOError);
   g_version_error = py::exception<VersionError>(m, "VersionError", PyExc_ValueError);

@@ -161,35 +161,50 @@ ChunkEngine::ReadGuard::~ReadGuard() {
   e->readers_.erase(it);
 }
 
-std::string ChunkEngine::stash(const std::string& path) {
+bool ChunkEngine::pool_has_room_locked(uint64_t bytes) const {
+  return free_.size() + stashed_ < kMaxFree && free_bytes_ + bytes <= kMaxFreeBytes;
+}
+
+std::string ChunkEngine::stash(const std::string& path, uint64_t* bytes) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";
+  *bytes = static_cast<uint64_t>(st.st_size);
   std::string q;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (free_.size() + stashed_ >= kMaxFree) return "";
+    if (!pool_has_room_locked(*bytes)) return "";
     q = free_dir_ + "/" + std::to_string(free_seq_++) + ".f";
     stashed_++;
+    free_bytes_ += *bytes;
   }
   if (::link(path.c_str(), q.c_str()) == 0) return q;
   std::lock_guard<std::mutex> g(mu_);
   stashed_--;
+  free_bytes_ -= *bytes;
   return "";
 }
 
-void ChunkEngine::release(const std::string& pooled, bool ok) {
+void ChunkEngine::release(const std::string& pooled, uint64_t bytes, bool ok) {
   if (pooled.empty()) return;
   std::lock_guard<std::mutex> g(mu_);
   stashed_--;
-  if (ok)
-    free_.push_back({pooled, ++epoch_});
-  else
+  if (ok) {
+    free_.push_back({pooled, ++epoch_, bytes});
+  } else {
+    free_bytes_ -= bytes;
     ::unlink(pooled.c_str());
+  }
 }
 
 void ChunkEngine::recycle_locked(const std::string& path) {
-  if (free_.size() + stashed_ < kMaxFree) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;  // no such file
+  uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  if (pool_has_room_locked(bytes)) {
     std::string q = free_dir_ + "/" + std::to_string(free_seq_++) + ".f";
     if (::rename(path.c_str(), q.c_str()) == 0) {
-      free_.push_back({q, ++epoch_});
+      free_.push_back({q, ++epoch_, bytes});
+      free_bytes_ += bytes;
       return;
     }
   }
@@ -199,8 +214,9 @@ void ChunkEngine::recycle_locked(const std::string& path) {
 std::string ChunkEngine::take_free_locked() {
   if (free_.empty()) return "";
   // readers that started before the file entered the pool may still be reading it
-  if (!readers_.empty() && *readers_.begin() < free_.front().second) return "";
-  std::string q = free_.front().first;
+  if (!readers_.empty() && *readers_.begin() < free_.front().epoch) return "";
+  std::string q = free_.front().path;
+  free_bytes_ -= free_.front().bytes;
   free_.pop_front();
   return q;
 }
@@ -230,6 +246,7 @@ void ChunkEngine::recover() {
   chunks_.clear();
   used_ = 0;
   free_.clear();
+  free_bytes_ = 0;
   if (DIR* fd = ::opendir(free_dir_.c_str())) {
     std::vector<std::string> names;
     while (dirent* e = ::readdir(fd)) {
@@ -297,7 +314,7 @@ void ChunkEngine::recover() {
 
 void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t chain_ver,
                              const std::vector<std::pair<const char*, size_t>>& parts,
-                             size_t size, uint32_t crc) {
+                             size_t size, uint32_t crc, std::vector<uint32_t>* table_in) {
   std::string tmp = path + ".tmp";
   std::string reuse;
   {
@@ -330,9 +347,12 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
   h.size = static_cast<uint32_t>(size);
   h.crc = crc;
   encode(h, hdr);
-  // block CRC table, computed over the parts as they lie
-  std::vector<uint32_t> table(nblocks(size), 0);
-  {
+  // block CRC table: given (computed with the CRC in one pass), or over the parts as they lie
+  std::vector<uint32_t> table;
+  if (table_in) {
+    table = std::move(*table_in);
+  } else {
+    table.assign(nblocks(size), 0);
     size_t pos = 0;
     for (auto& p : parts) {
       const char* q = p.first;
@@ -382,14 +402,15 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
     throw e;
   }
   maybe_crash("after_data_write");
-  std::string old = stash(path);  // the file this rename replaces goes to the pool
+  uint64_t old_bytes = 0;
+  std::string old = stash(path, &old_bytes);  // the file this rename replaces goes to the pool
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     IoError e = sys_error("rename " + tmp);
-    release(old, false);
+    release(old, old_bytes, false);
     ::unlink(tmp.c_str());
     throw e;
   }
-  release(old, true);
+  release(old, old_bytes, true);
   fsync_dir(path.substr(0, path.rfind('/')));
 }
 
@@ -440,7 +461,13 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
     if (tail) parts.push_back({zeros.data(), tail});
   }
   uint32_t crc = 0;
-  for (auto& p : parts) crc = crc32c(crc, p.first, p.second);
+  std::vector<uint32_t> table;
+  if (parts.size() == 1 && parts[0].second == new_size) {  // CRC and block CRCs in one pass
+    table.assign(nblocks(new_size), 0);
+    crc = crc32c_blocks(parts[0].first, new_size, table.data());
+  } else {
+    for (auto& p : parts) crc = crc32c(crc, p.first, p.second);
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     uint64_t old_pending = m.pending_ver ? file_bytes(m.pending_size) : 0;
@@ -448,7 +475,8 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
       throw IoError(ENOSPC, "no space left on the storage target (capacity " +
                                 std::to_string(capacity_) + " bytes)");
   }
-  write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc);
+  write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc,
+             table.empty() ? nullptr : &table);
   maybe_crash("after_pending_rename");
   std::lock_guard<std::mutex> g(mu_);
   ChunkMeta& cur = chunks_[id];
@@ -476,13 +504,14 @@ bool ChunkEngine::commit(const std::string& id, uint64_t ver) {
   }
   maybe_crash("before_commit_rename");
   std::string p = chunk_path(id, true), c = chunk_path(id, false);
-  std::string old = stash(c);
+  uint64_t old_bytes = 0;
+  std::string old = stash(c, &old_bytes);
   if (::rename(p.c_str(), c.c_str()) != 0) {
     IoError e = sys_error("rename " + p);
-    release(old, false);
+    release(old, old_bytes, false);
     throw e;
   }
-  release(old, true);
+  release(old, old_bytes, true);
   fsync_dir(dir_of(id));
   maybe_crash("after_commit_rename");
   std::lock_guard<std::mutex> g(mu_);
@@ -499,7 +528,8 @@ bool ChunkEngine::commit(const std::string& id, uint64_t ver) {
 ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, uint64_t chain_ver,
                                          const char* data, size_t len) {
   if (len > max_chunk_) throw std::invalid_argument("chunk larger than the maximum chunk size");
-  uint32_t crc = crc32c(0, data, len);
+  std::vector<uint32_t> table(nblocks(len), 0);
+  uint32_t crc = crc32c_blocks(data, len, table.data());
   ChunkMeta m;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -509,7 +539,7 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
     if (used_ - old + file_bytes(len) > capacity_)
       throw IoError(ENOSPC, "no space left on the storage target");
   }
-  write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc);
+  write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc, &table);
   std::lock_guard<std::mutex> g(mu_);
   if (m.pending_ver) recycle_locked(chunk_path(id, true));
   ChunkMeta& cur = chunks_[id];

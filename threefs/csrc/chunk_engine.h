@@ -83,14 +83,14 @@ class ChunkEngine {
   void maybe_crash(const char* point) const;
   void write_file(const std::string& path, uint64_t ver, uint64_t chain_ver,
                   const std::vector<std::pair<const char*, size_t>>& parts, size_t size,
-                  uint32_t crc);
+                  uint32_t crc, std::vector<uint32_t>* table = nullptr);
   void fsync_dir(const std::string& path) const;
   std::string dir_of(const std::string& id) const;
 
   // File recycling. Copy-on-write replaces a chunk file by a new one on every update; creating
   // a file and freeing the replaced one (ext4 block allocation, page and block freeing) costs
-  // several times the data write itself. Replaced and removed files therefore go to a small
-  // pool (root/free) and are overwritten in place as the next ".tmp" files. A pooled file is
+  // several times the data write itself. Replaced and removed files therefore go to a pool
+  // (root/free, at most kMaxFree files and kMaxFreeBytes bytes) and are overwritten in place as the next ".tmp" files. A pooled file is
   // reused only when no read that may still hold it open is in progress (epochs: `epoch_` ticks
   // when a file enters the pool, each read records the epoch it started at). The pool is
   // emptied on open, since after a crash a pooled name may still alias a live chunk file.
@@ -100,16 +100,23 @@ class ChunkEngine {
     explicit ReadGuard(ChunkEngine* eng);
     ~ReadGuard();
   };
-  std::string stash(const std::string& path);  // hard-link a file that a rename will replace
-  void release(const std::string& pooled, bool ok);  // after that rename: into the pool
+  bool pool_has_room_locked(uint64_t bytes) const;
+  std::string stash(const std::string& path, uint64_t* bytes);  // hard-link a file a rename
+  void release(const std::string& pooled, uint64_t bytes, bool ok);  // will replace; after it
   void recycle_locked(const std::string& path);       // instead of unlink (mu_ held)
   std::string take_free_locked();                     // a reusable pool file, or ""
   std::string free_dir_;
-  std::deque<std::pair<std::string, uint64_t>> free_;
+  struct Pooled {
+    std::string path;
+    uint64_t epoch, bytes;
+  };
+  std::deque<Pooled> free_;
+  uint64_t free_bytes_ = 0;
   std::multiset<uint64_t> readers_;
   uint64_t epoch_ = 0, free_seq_ = 0;
   size_t stashed_ = 0;
-  static constexpr size_t kMaxFree = 32;
+  static constexpr size_t kMaxFree = 256;
+  static constexpr uint64_t kMaxFreeBytes = 128ull << 20;
 
   std::string root_;
   FsyncPolicy policy_;

@@ -25,6 +25,17 @@ def test_crc32c_matches_reference():
         assert crc32c(d[n // 2:], crc32c(d[: n // 2])) == ref.crc32c(d)
 
 
+def test_crc32c_blocks_one_pass_matches_per_block():
+    from threefs import _C
+    rng = random.Random()
+    for n in (0, 1, 4095, 4096, 4097, 3 * 4096, 3 * 4096 + 5, 7 * 4096 + 1, 1 << 20,
+              rng.randrange(1, 300_000)):
+        data = rng.randbytes(n)
+        crc, blocks = _C.crc32c_blocks(data)
+        assert crc == (ref.crc32c(data) if n <= 20_000 else crc32c(data))
+        assert blocks == [crc32c(data[i:i + 4096]) for i in range(0, n, 4096)]
+
+
 def test_random_ops_match_model(tmp_path):
     rng = random.Random(2)
     e = ChunkEngine(tmp_path, "none", max_chunk_size=CS)

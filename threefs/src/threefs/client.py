@@ -41,12 +41,12 @@ def _check_path(name: str, p):
 
 class Client:
     """mgmtd: 'host:port' or a list of them; secret: the cluster secret; uid/gid: the identity
-    the meta service checks permission bits against; readahead: files opened read-only ask
-    for the next block of a sequential read before it is wanted (see File.readinto)."""
+    the meta service checks permission bits against; readahead: how many blocks ahead files
+    opened read-only ask for during a sequential read (0 or False: none; see File.readinto)."""
 
     def __init__(self, mgmtd, secret, uid: int | None = None, gid: int | None = None,
                  gids=(), deadline_s: float = 60.0, io_threads: int = 4,
-                 readahead: bool = True):
+                 readahead: int = 3):
         addrs = [mgmtd] if isinstance(mgmtd, str) else list(mgmtd)
         for a in addrs:
             rpc.parse_addr(a)
@@ -56,7 +56,11 @@ class Client:
                      "gid": os.getgid() if gid is None else int(gid), "gids": list(gids)}
         self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s, watch=True)
         self.deadline_s = deadline_s
-        self.readahead = bool(readahead)
+        if isinstance(readahead, bool):
+            readahead = 3 if readahead else 0
+        if not isinstance(readahead, int) or not 0 <= readahead <= 16:
+            raise ValueError(f"readahead must be a bool or an int in [0, 16], got {readahead!r}")
+        self.readahead = readahead
         self._meta_i = random.randrange(1 << 16)
         self._pool = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
         self.max_file_size = None
@@ -323,7 +327,8 @@ class File(io.RawIOBase):
         self._lock = threading.Lock()
         self._closing = False
         self._wrote = False
-        self._ra = None  # readahead: (file offset, length, chain, chunk id, chunk offset, started)
+        # readahead, oldest first: (file offset, length, chain, chunk id, chunk offset, started)
+        self._ra: list = []
 
     @property
     def name(self):
@@ -346,8 +351,9 @@ class File(io.RawIOBase):
 
     def readinto(self, b) -> int:
         """Sequential reads of a read-only file overlap with the storage service: after a
-        readinto of n bytes that lie in one chunk, the request for the next n bytes goes out
-        at once, and the next readinto receives its answer straight into its buffer. The
+        readinto of n bytes, requests for the next `readahead` blocks of n bytes (each within
+        one chunk) go out at once, and later readinto calls receive their answers straight
+        into their buffers. The
         prefetched bytes are the committed ones when that request reached the replica (as with
         any readahead, a write completed after it may be missed by the next read; a seek drops
         the prefetch; open "r+b", or pass readahead=False to Client, for reads that always
@@ -355,7 +361,7 @@ class File(io.RawIOBase):
         self._check("read")
         mv = memoryview(b).cast("B")
         n = max(0, min(mv.nbytes, self.size - self.pos))
-        ra, self._ra = self._ra, None
+        ra = self._ra.pop(0) if self._ra else None
         if n and ra is not None and ra[0] == self.pos and ra[1] == n:
             sc = self.client.storage
             got = sc.finish_read(ra[5], ra[2], ra[3], ra[4], mv[:n])
@@ -363,25 +369,36 @@ class File(io.RawIOBase):
                 mv[got:n] = bytes(n - got)
         else:
             if ra is not None:
-                ra[5][0].cancel()
+                self._drop_readahead(ra)
             if n:
                 self.client.read_into(self.attrs, self.pos, mv[:n])
         self.pos += n
         if n and self.client.readahead and "write" not in self.flags:
-            self._start_readahead(self.pos, min(n, self.size - self.pos))
+            nxt = self._ra[-1][0] + self._ra[-1][1] if self._ra else self.pos
+            while len(self._ra) < self.client.readahead and nxt < self.size:
+                if not self._start_readahead(nxt, min(n, self.size - nxt)):
+                    break
+                nxt += self._ra[-1][1]
         return n
 
-    def _start_readahead(self, pos: int, n: int):
+    def _start_readahead(self, pos: int, n: int) -> bool:
         if n < (64 << 10):
-            return
+            return False
         pieces = list(self.client._pieces(self.attrs["layout"], pos, n))
         if len(pieces) != 1:
-            return
+            return False
         idx, ch, off, k, _ = pieces[0]
         cid = chunk_id(self.attrs["id"], idx)
         started = self.client.storage.start_read(ch, cid, off, k)
-        if started is not None:
-            self._ra = (pos, n, ch, cid, off, started)
+        if started is None:
+            return False
+        self._ra.append((pos, n, ch, cid, off, started))
+        return True
+
+    def _drop_readahead(self, first=None):
+        for ra in ([first] if first else []) + self._ra:
+            ra[5][0].cancel()
+        self._ra = []
 
     def read(self, size: int = -1) -> bytes:
         self._check("read")
@@ -422,9 +439,8 @@ class File(io.RawIOBase):
             raise ValueError(f"whence must be 0, 1 or 2, got {whence}")
         if base + offset < 0:
             raise ValueError(f"negative seek position {base + offset}")
-        if self._ra is not None and base + offset != self.pos:  # not sequential: drop it
-            self._ra[5][0].cancel()
-            self._ra = None
+        if self._ra and base + offset != self.pos:  # not sequential: drop it
+            self._drop_readahead()
         self.pos = base + offset
         return self.pos
 
@@ -451,9 +467,7 @@ class File(io.RawIOBase):
     def close(self):
         if self.closed:
             return
-        if self._ra is not None:
-            self._ra[5][0].cancel()
-            self._ra = None
+        self._drop_readahead()
         self._closing = True
         try:
             if "write" in self.flags:
