@@ -133,7 +133,7 @@ def run_polars(files, out):
     import polars as pl
     os.makedirs(out, exist_ok=True)
     t0 = time.perf_counter()
-    pl.scan_parquet(files).sort("key").sink_parquet(f"{out}/sorted.parquet")
+    pl.scan_parquet(files).sort("key").sink_parquet(f"{out}/sorted.parquet", engine="streaming")
     return 0.0, time.perf_counter() - t0
 
 
@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--duckdb-memory", default=None, help="memory_limit of the single-process DuckDB peer, e.g. 8GB")
+    ap.add_argument("--mem-limit-gb", type=float, default=None,
+                    help="kill a system whose process tree holds more resident memory than this (recorded as an error)")
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--files", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -184,7 +186,8 @@ def main() -> None:
             r = run_worker(python, os.path.abspath(__file__),
                            ["--system", system, "--files", json.dumps(files), "--out", out, "--work", swork,
                             "--partitions", str(args.partitions)]
-                           + (["--duckdb-memory", args.duckdb_memory] if args.duckdb_memory else []), args.timeout, env)
+                           + (["--duckdb-memory", args.duckdb_memory] if args.duckdb_memory else []), args.timeout, env,
+                           mem_limit_gb=args.mem_limit_gb)
             r["system"] = system
             if "error" not in r:
                 r["check"] = verify(out, rows, hi_sum)
@@ -205,12 +208,13 @@ def main() -> None:
         ("job s", lambda r: f"{r['job_s']:.2f}" if "job_s" in r else "-", 9),
         ("GB/min", lambda r: f"{r['gb_per_min']:.2f}" if "gb_per_min" in r else "-", 9),
         ("init s", lambda r: f"{r['init_s']:.2f}" if "init_s" in r else "-", 9),
+        ("peak GB", lambda r: f"{r['peak_rss_gb']:.1f}" if "peak_rss_gb" in r else "-", 9),
         ("their/ours", lambda r: f"{r['ours_speedup']:.2f}x" if "ours_speedup" in r else "-", 12),
         ("check", lambda r: r.get("check", r.get("error", ""))[:60], 64)])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "graysort", "size_gb": args.size_gb, "partitions": args.partitions,
-                       "machine": machine(), "commit": git_commit(), "results": results}, f, indent=1)
+                       "mem_limit_gb": args.mem_limit_gb, "machine": machine(), "commit": git_commit(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,25 +40,70 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_worker(python: str, script: str, args: List[str], timeout: int, env: Optional[Dict[str, str]] = None) -> dict:
-    """Run ``python script --system ... args`` and parse its RESULT line; errors become a dict."""
+def _tree_rss(sid: int) -> int:
+    """Resident bytes of every process in session ``sid`` (the worker and anything it started)."""
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # field 6 of stat: session id
+                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def run_worker(python: str, script: str, args: List[str], timeout: int, env: Optional[Dict[str, str]] = None,
+               mem_limit_gb: Optional[float] = None) -> dict:
+    """Run ``python script --system ... args`` and parse its RESULT line; errors become a dict.
+
+    The worker runs in its own session; its process tree's resident memory is sampled every 0.2 s
+    (``peak_rss_gb`` in the result) and the whole tree is killed past ``timeout`` seconds or past
+    ``mem_limit_gb`` of resident memory.
+    """
+    import signal
+    import tempfile
     full_env = dict(os.environ)
     full_env.update(env or {})
     if python != sys.executable:  # the original needs its venv's `python` and `ray` first on PATH
         full_env["PATH"] = os.path.dirname(python) + os.pathsep + full_env.get("PATH", "")
     t0 = time.time()
-    try:
-        p = subprocess.run([python, script, *args], capture_output=True, text=True, timeout=timeout,
-                           env=full_env, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout}s"}
-    for line in p.stdout.splitlines():
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([python, script, *args], stdout=out, stderr=err, text=True, env=full_env,
+                             start_new_session=True)
+        peak, killed = 0, None
+        while p.poll() is None:
+            peak = max(peak, _tree_rss(p.pid))
+            if time.time() - t0 > timeout:
+                killed = f"timed out after {timeout}s"
+            elif mem_limit_gb and peak > mem_limit_gb * 1e9:
+                killed = f"killed at {peak / 1e9:.1f} GB resident (limit {mem_limit_gb:g} GB)"
+            if killed:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                break
+            time.sleep(0.2)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # leftovers of the worker's session (e.g. a Ray node)
+        except ProcessLookupError:
+            pass
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    peak_gb = round(peak / 1e9, 2)
+    if killed:
+        return {"error": f"{killed} after {time.time() - t0:.0f}s", "peak_rss_gb": peak_gb}
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
-            out = json.loads(line[7:])
-            out["process_s"] = time.time() - t0
-            return out
-    tail = (p.stdout + p.stderr).strip().splitlines()[-6:]
-    return {"error": f"exit {p.returncode}: " + " | ".join(tail)[-600:]}
+            res = json.loads(line[7:])
+            res["process_s"] = time.time() - t0
+            res["peak_rss_gb"] = peak_gb
+            return res
+    tail = (stdout + stderr).strip().splitlines()[-6:]
+    return {"error": f"exit {p.returncode}: " + " | ".join(tail)[-600:], "peak_rss_gb": peak_gb}
 
 
 def emit(result: dict) -> None:

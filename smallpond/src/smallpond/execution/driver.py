@@ -31,7 +31,7 @@ class Driver:
         s = self.session
         return PlanEnv(job_dir=s.job_dir, threads=s.config.threads, memory_limit=s.config.memory_limit,
                        compression=s.config.compression, materialize=self.materialize, sink=self.sink,
-                       storage=s.storage)
+                       storage=s.storage, workers=None if s.config.ray_address else s.config.num_executors)
 
     def execute(self, root: Node) -> List[DataSet]:
         plan = LogicalPlan(root.ctx, root)

@@ -6,6 +6,7 @@ engine "duckdb": the SQL baseline (one ``COPY ... WHERE partition = j`` per outp
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from typing import List
@@ -69,7 +70,6 @@ def run_hash(task: Task, tmp: str) -> List[str]:
     names = [f"part-{j:05d}.parquet" for j in range(n)]
     seed = int(hashlib.sha1(task.key.encode()).hexdigest()[:8], 16)
     rng = np.random.default_rng(seed)
-    con = _LazyConnection(task)
     writers = [None] * n
     counts = [0] * n
     buffers: List[List[pa.RecordBatch]] = [[] for _ in range(n)]
@@ -87,39 +87,73 @@ def run_hash(task: Task, tmp: str) -> List[str]:
         writers[j].write_table(pa.Table.from_batches(buffers[j], schema=out_schema))
         buffers[j], sizes[j] = [], 0
 
-    try:
-        schema, batches = _batches(task, con)
-        out_schema = schema.remove(schema.get_field_index(drop)) if drop and drop in schema.names else schema
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            try:
-                idx, off = _groups(task, batch, n, rng)
-            except (ValueError, TypeError) as e:
-                raise TaskError(f"{_describe(task)}: {e}", fatal=True) from None
-            if drop:
-                batch = batch.drop_columns([drop])
-            for j, part in enumerate(P.split_batch(batch, idx, off)):
-                if part.num_rows:
-                    counts[j] += part.num_rows
-                    buffers[j].append(part)
-                    sizes[j] += part.nbytes
-                    if sizes[j] >= FLUSH_BYTES:
-                        flush(j)
-            if sum(sizes) >= FLUSH_TOTAL:
-                for j in range(n):
+    def _add(batch, idx, off):
+        for j, part in enumerate(P.split_batch(batch, idx, off)):
+            if part.num_rows:
+                counts[j] += part.num_rows
+                buffers[j].append(part)
+                sizes[j] += part.nbytes
+                if sizes[j] >= FLUSH_BYTES:
                     flush(j)
+        if sum(sizes) >= FLUSH_TOTAL:
+            for j in range(n):
+                flush(j)
+
+    try:
+        for sub, schema, batches in _sub_inputs(task):
+            if drop and drop in schema.names:
+                schema = schema.remove(schema.get_field_index(drop))
+            if out_schema is None or (not out_schema.names and schema.names):
+                out_schema = schema
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                try:
+                    idx, off = _groups(sub, batch, n, rng)
+                except (ValueError, TypeError) as e:
+                    raise TaskError(f"{_describe(sub)}: {e}", fatal=True) from None
+                if drop:
+                    batch = batch.drop_columns([drop])
+                if batch.schema != out_schema:
+                    batch = _conform(sub, batch, out_schema)
+                _add(batch, idx, off)
         for j in range(n):
             flush(j)
     finally:
         for w in writers:
             if w is not None:
                 w.close()
-        con.close()
+    out_schema = out_schema if out_schema is not None else pa.schema([])
     for j in range(n):
         if writers[j] is None:  # empty output partition: a zero-row file keeps the schema
             pq.write_table(out_schema.empty_table(), os.path.join(tmp, names[j]), compression=task.compression)
     return names, counts
+
+
+def _sub_inputs(task: Task):
+    """(task of one input partition, its schema, its record batches) for each input partition of
+    ``task``: one, or several when small shuffle partitions were batched into one task. Each gets
+    its own DuckDB connection (its own temporary views), closed once its batches are consumed."""
+    parts = task.params.get("batch")
+    width = task.params.get("batch_width", len(task.inputs))
+    subs = [task] if not parts else [dataclasses.replace(task, partition=i, inputs=task.inputs[k * width:(k + 1) * width])
+                                     for k, i in enumerate(parts)]
+    for sub in subs:
+        con = _LazyConnection(sub)
+        try:
+            schema, batches = _batches(sub, con)
+            yield sub, schema, batches
+        finally:
+            con.close()
+
+
+def _conform(task: Task, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Cast a batch of a later input partition to the schema of the first one (same file)."""
+    try:
+        return pa.Table.from_batches([batch]).select(schema.names).cast(schema).combine_chunks().to_batches()[0]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError) as e:
+        raise TaskError(f"{_describe(task)}: schema {batch.schema} differs from the other partitions of this "
+                        f"shuffle task ({schema}): {e}", fatal=True) from None
 
 
 class _LazyConnection:

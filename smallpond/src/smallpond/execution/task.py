@@ -133,6 +133,7 @@ def run_task(task: Task) -> TaskResult:
 # -- helpers ---------------------------------------------------------------------------------
 
 _DB = None  # one DuckDB database per worker process; every task gets its own connection
+_DB_SETTINGS = None  # (threads, memory MiB, spill folder) last applied to _DB
 
 
 def connect(task: Task):
@@ -143,21 +144,26 @@ def connect(task: Task):
     Temporary views and tables live in the connection and disappear when the task closes it.
     """
     import duckdb
-    global _DB
+    global _DB, _DB_SETTINGS
     if _DB is None:
         _DB = duckdb.connect(config={"threads": 1})
+        _DB_SETTINGS = None
     con = _DB.cursor()
-    con.execute(f"set threads = {max(1, task.threads)}")
-    con.execute(f"set memory_limit = '{max(16, task.memory_limit >> 20)}MiB'")
     spill = task.spill_dir or ""
+    settings = (max(1, task.threads), max(16, task.memory_limit >> 20), spill)
     if spill:
         os.makedirs(spill, exist_ok=True)
+    if settings == _DB_SETTINGS:  # the database-wide settings of the previous task still hold
+        return con
+    con.execute(f"set threads = {settings[0]}")
+    con.execute(f"set memory_limit = '{settings[1]}MiB'")
     try:
         con.execute(f"set temp_directory = '{spill}'")
     except duckdb.Error:  # temporary files of an earlier task are still open: start a new database
         con.close()
         _DB = None
         return connect(task)
+    _DB_SETTINGS = settings
     return con
 
 

@@ -6,6 +6,7 @@ have the same number of partitions.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import string
@@ -37,6 +38,7 @@ class PlanEnv:
     threads: int
     memory_limit: int
     compression: str = "snappy"
+    workers: Optional[int] = None   # tasks that run at once (local pool); None: unknown (Ray), never batch
     materialize: Callable[[ArrowTableDataSet], ParquetDataSet] = None
     sink: Callable[..., List[DataSet]] = None
     storage: object = None
@@ -337,6 +339,7 @@ class HashPartitionNode(Node):
         if pre_query is not None:
             params["pre_query"] = pre_query
         tasks = self._tasks("hash", inputs, env, params, len(inputs[0]))
+        tasks = _batch_small_shuffle(tasks, env.workers, len(inputs))
         n = self.npartitions
 
         def finalize(results: List[TaskResult]) -> List[DataSet]:
@@ -350,6 +353,51 @@ class HashPartitionNode(Node):
 
 
 ShuffleNode = HashPartitionNode
+
+SMALL_SHUFFLE_TASK_BYTES = 128 << 20  # input bytes below which shuffle partitions share a task
+
+
+def _input_bytes(ds: DataSet) -> Optional[int]:
+    if not isinstance(ds, ParquetDataSet) or ds.row_ranges is not None:
+        return None
+    try:
+        return sum(os.path.getsize(p) for p in ds.paths)
+    except OSError:
+        return None
+
+
+def _batch_small_shuffle(tasks: List[Task], workers: Optional[int], width: int) -> List[Task]:
+    """Small shuffle input: let one task split several consecutive input partitions.
+
+    Each input partition is still processed on its own (a fused SQL query still runs once per
+    partition), but rows of all of them go into the same ``npartitions`` files: fewer tasks,
+    fewer and larger shuffle files, one DuckDB connection per task. The output partitions are
+    the same rows in the same order. Local executor only (``workers`` known) and Parquet inputs
+    only (sizes known): the task count becomes the smallest multiple of ``workers`` giving at most
+    about ``SMALL_SHUFFLE_TASK_BYTES`` of input per task, and batching happens only when every task
+    then gets at least two partitions.
+    """
+    if not workers or len(tasks) < 2 * workers or tasks[0].params.get("engine_type") == "duckdb":
+        return tasks
+    sizes = [_input_bytes(d) for t in tasks for d in t.inputs]
+    if any(s is None for s in sizes):
+        return tasks
+    groups = max(1, -(-sum(sizes) // SMALL_SHUFFLE_TASK_BYTES))
+    groups = -(-groups // workers) * workers
+    if 2 * groups > len(tasks):
+        return tasks
+    out, start = [], 0
+    for g in range(groups):
+        k = len(tasks) // groups + (1 if g < len(tasks) % groups else 0)
+        part = tasks[start:start + k]
+        start += k
+        first = part[0]
+        key = _key(first.node.split("-")[0], "hash-batch", [t.key for t in part])
+        out_dir = os.path.join(os.path.dirname(first.out_dir), "b" + key[:23])
+        params = dict(first.params, batch=[t.partition for t in part], batch_width=width)
+        out.append(dataclasses.replace(first, key=key, inputs=[d for t in part for d in t.inputs], params=params,
+                                       out_dir=out_dir))
+    return out
 
 
 def _placeholders(query: str) -> List[int]:
