@@ -20,9 +20,9 @@ NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7
 
 
 def configs():
-    cases = [("dense", n, k, m, 1) for m in (1, 5, 16, 64, 128) for n, k in NK]
+    cases = [("dense", n, k, m, 1) for m in (1, 5, 16, 64, 128, 4096) for n, k in NK]
     cases += [("masked", n, k, mg, g) for n, k in [(4096, 7168), (7168, 2048)]
-              for g, mg in [(1, 256), (8, 64), (32, 32), (32, 256), (8, 16), (32, 8), (4, 12)]]
+              for g, mg in [(1, 256), (8, 64), (32, 64), (32, 32), (32, 256), (8, 16), (32, 8), (4, 12)]]
     cases += [("dense", 2112, 7168, 1000, 1), ("dense", 4096, 384, 3, 1), ("dense", 2112, 128, 40, 1)]
     out = set()
     for (kind, n, k, m, g), epi, ks, bn, sw, pipe, sms, dt in itertools.product(
@@ -37,7 +37,10 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
+    only = os.environ.get("SWEEP_ONLY")  # e.g. "pipe": just the pipelined kernels
     for cfg in configs():
+        if only and not getattr(cfg, only):
+            continue
         _, rec = compiler.build("deepgemm_kernel", K.kernel_source(cfg), backend="nvcc")
         rows.append(dict(cfg=cfg.__dict__, threads=cfg.threads, serialised="C75" in rec.ptxas,
                          regs=int(re.search(r"Used (\d+) registers", rec.ptxas).group(1)),
@@ -50,17 +53,21 @@ def main():
         fam[f"swap-AB {c['swap']}" if c["swap"] else "K split" if c["ksplit"] else
             f"BM {c['bm']}" + (" pipelined" if c["pipe"] else "")].append(r)
     print(f"{len(rows)} kernels (nvcc, sm_90a)")
-    print("| family | threads | kernels | registers | spill bytes | stack bytes | max smem | odd stages | WGMMA serialised (C75xx) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| family | threads | kernels | registers | kernels that spill | spill bytes | stack bytes | max smem | odd stages "
+          "| WGMMA serialised (C75xx) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, v in sorted(fam.items()):
         regs = sorted({r["regs"] for r in v})
-        print(f"| {name} | {v[0]['threads']} | {len(v)} | {regs[0]}-{regs[-1]} | {sum(r['spills'] for r in v)} "
+        print(f"| {name} | {v[0]['threads']} | {len(v)} | {regs[0]}-{regs[-1]} "
+              f"| {sum(bool(r['spills'] or r['stack']) for r in v)} | {sum(r['spills'] for r in v)} "
               f"| {sum(r['stack'] for r in v)} | {max(r['smem'] for r in v)} | {sum(r['cfg']['stages'] % 2 for r in v)} "
               f"| {sum(r['serialised'] for r in v)} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f)
-    bad = [r for r in rows if r["spills"] or r["stack"] or (r["cfg"]["ksplit"] and r["cfg"]["stages"] % 2)
+    # a pipelined kernel that spills is not used (the JIT falls back to PIPE = 0), so it is not a failure
+    bad = [r for r in rows if ((r["spills"] or r["stack"]) and not r["cfg"]["pipe"])
+           or (r["cfg"]["ksplit"] and r["cfg"]["stages"] % 2)
            or ((r["cfg"]["swap"] == 2 or r["cfg"]["pipe"]) and r["serialised"])]
     return 1 if bad else 0
 

@@ -42,6 +42,7 @@ def test_build_caches_on_disk(cache):
     assert rec.backend == "custom" and rec.seconds >= 0 and "42 registers" in rec.ptxas
     blob2, rec2 = compiler.build("k", "source A", {"n": 1}, compile_fn=fn)
     assert blob2 == blob and rec2.backend == "cache" and len(calls) == 1
+    assert "42 registers" in rec2.ptxas  # ptxas' report comes back from the cache too
     compiler.build("k", "source B", compile_fn=fn)
     assert len(calls) == 2
     files = sorted(p.name for p in cache.iterdir())
@@ -108,6 +109,30 @@ def test_real_nvcc_compile_variants(cache):
         _, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
         assert "0 bytes spill stores" in rec.ptxas and "0 bytes spill loads" in rec.ptxas, (cfg, rec.ptxas)
         assert "C75" not in rec.ptxas, (cfg, rec.ptxas)
+
+
+def test_pipelined_kernel_falls_back_when_it_spills(monkeypatch):
+    """DEEPGEMM_PIPE=1 keeps three register tiles live; where ptxas spills, the JIT uses PIPE = 0."""
+    assert compiler.spills("8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads")
+    assert not compiler.spills("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads | Used 232 registers")
+    built = []
+
+    def fake_build(cfg):
+        built.append(cfg.pipe)
+        report = "16 bytes stack frame, 16 bytes spill stores" if cfg.pipe and cfg.bn == 112 else "0 bytes stack frame"
+        return f"cubin pipe={cfg.pipe}".encode(), compiler.CompileRecord("k", "key", "custom", 0.0, ptxas=report)
+
+    class FakeKernel:
+        def __init__(self, cubin, name, smem):
+            self.cubin = cubin
+
+    monkeypatch.setattr(kernels, "_build", fake_build)
+    monkeypatch.setattr(kernels.runtime, "Kernel", FakeKernel)
+    monkeypatch.setattr(kernels, "_kernels", {})
+    spilling = kernels.Config(0, True, 0, 0, 7168, 2048, 64, 112, 10, 0, 0, 0, 1)
+    fitting = kernels.Config(0, True, 0, 0, 7168, 2048, 64, 128, 9, 0, 0, 0, 1)
+    assert kernels.get_kernel(spilling).cubin == b"cubin pipe=0" and built == [1, 0]
+    assert kernels.get_kernel(fitting).cubin == b"cubin pipe=1" and built == [1, 0, 1]
 
 
 def test_small_m_switches(monkeypatch):

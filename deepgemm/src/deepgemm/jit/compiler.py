@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -178,7 +179,7 @@ def build(name: str, source: str, params: dict | None = None, backend: str | Non
     path, meta = root / f"{key}.cubin", root / f"{key}.json"
     with _key_lock(key):
         if path.exists():
-            rec = CompileRecord(name, key, "cache", 0.0, params=dict(params or {}))
+            rec = CompileRecord(name, key, "cache", 0.0, ptxas=_cached_ptxas(meta), params=dict(params or {}))
             COMPILE_LOG.append(rec)
             return path.read_bytes(), rec
         root.mkdir(parents=True, exist_ok=True)
@@ -186,7 +187,7 @@ def build(name: str, source: str, params: dict | None = None, backend: str | Non
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be compiling the same kernel
             try:
                 if path.exists():
-                    rec = CompileRecord(name, key, "cache", 0.0, params=dict(params or {}))
+                    rec = CompileRecord(name, key, "cache", 0.0, ptxas=_cached_ptxas(meta), params=dict(params or {}))
                     COMPILE_LOG.append(rec)
                     return path.read_bytes(), rec
                 fn = compile_fn or (compile_nvcc if backend == "nvcc" else compile_nvrtc)
@@ -202,6 +203,19 @@ def build(name: str, source: str, params: dict | None = None, backend: str | Non
                 return cubin, rec
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _cached_ptxas(meta: Path) -> str:
+    """ptxas' report stored beside a cached cubin ("" if the metadata is missing or unreadable)."""
+    try:
+        return json.loads(meta.read_text()).get("ptxas", "")
+    except (OSError, ValueError):
+        return ""
+
+
+def spills(ptxas: str) -> bool:
+    """True if ptxas' report shows spill stores/loads or a stack frame."""
+    return any(int(v) for v in re.findall(r"(\d+) bytes (?:spill stores|spill loads|stack frame)", ptxas))
 
 
 def _ptxas_summary(log: str) -> str:

@@ -10,7 +10,7 @@ import functools
 import os
 import threading
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -209,6 +209,18 @@ def kernel_source(cfg: Config) -> str:
     )
 
 
+def _build(cfg: Config):
+    src = kernel_source(cfg)
+    backend = compiler.choose_backend()
+    try:
+        return compiler.build("deepgemm_kernel", src, asdict(cfg), backend=backend)
+    except RuntimeError as exc:
+        if backend != "nvrtc" or compiler.nvcc_path() is None:
+            raise
+        warnings.warn(f"deepgemm: NVRTC failed, retrying with nvcc: {str(exc)[:300]}")
+        return compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
+
+
 _kernels: dict[Config, runtime.Kernel] = {}
 _kernels_guard = threading.Lock()
 
@@ -220,15 +232,9 @@ def get_kernel(cfg: Config) -> runtime.Kernel:
     with _kernels_guard:
         kern = _kernels.get(cfg)
         if kern is None:
-            src = kernel_source(cfg)
-            backend = compiler.choose_backend()
-            try:
-                cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend=backend)
-            except RuntimeError as exc:
-                if backend != "nvrtc" or compiler.nvcc_path() is None:
-                    raise
-                warnings.warn(f"deepgemm: NVRTC failed, retrying with nvcc: {str(exc)[:300]}")
-                cubin, _ = compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
+            cubin, rec = _build(cfg)
+            if cfg.pipe and compiler.spills(rec.ptxas):  # three register tiles did not fit: one K block in flight
+                cubin, rec = _build(replace(cfg, pipe=0))
             kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi,
                                                                           cfg.ksplit, cfg.swap))
             _kernels[cfg] = kern

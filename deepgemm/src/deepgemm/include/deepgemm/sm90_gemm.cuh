@@ -133,8 +133,8 @@ struct SmemPlan {
 // EPI = 0: registers -> global directly (any output type); EPI = 1 (BF16 output): registers ->
 // padded shared-memory tile -> 16-byte coalesced global stores.
 // PIPE = 1 (FP8, no KSPLIT): two K blocks in flight per consumer warpgroup (block kb + 1's WGMMAs run
-// while block kb is promoted), in unrolled chunks (a run-time loop around them makes ptxas serialise the
-// WGMMAs, warning C7518).
+// while block kb is promoted), in unrolled chunks of 4 (a run-time loop around them makes ptxas serialise
+// the WGMMAs, warning C7518). Three BN/2 register tiles: where ptxas spills, the JIT falls back to PIPE = 0.
 // KSPLIT = 1 (FP8, BM = 64): two consumer warpgroups share each 64-row tile, taking alternate K
 // blocks; warpgroup 1 hands its partial sums to warpgroup 0 through shared memory at the end.
 // STAGES must then be even (the host guarantees it): each warpgroup waits only on the full barriers
@@ -322,7 +322,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         promote(t, sc);
       }
     } else {
-      constexpr int CH = KB <= 16 ? KB : KB % 8 == 0 ? 8 : KB % 4 == 0 ? 4 : KB % 2 == 0 ? 2 : 1;
+      constexpr int CH = KB % 4 == 0 ? 4 : KB % 2 == 0 ? 2 : 1;  // short chunks: fewer live addresses
       auto retire = [&](int kb, float (&t)[BN / 2], const float (&sc)[4]) {
         fence_regs(t);
         release((it + kb) % STAGES);
