@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from . import rpc
 from .chunk import ChecksumError, ChunkEngine, VersionError, crc32c, inode_prefix, split_chunk_id
@@ -86,7 +85,6 @@ class StorageNode:
         self._hb_now = threading.Event()
         self._rlock = threading.Lock()
         self._syncs: set = set()
-        self._pool = ThreadPoolExecutor(16, thread_name_prefix="local-io")
         self.stats = {"repairs": 0, "syncs": 0, "synced_chunks": 0}
 
     # --- routing ------------------------------------------------------------------------------
@@ -189,18 +187,24 @@ class StorageNode:
         if nm["pending_crc"] != crc:
             raise rpc.RpcError("NEED_FULL", "content differs from the predecessor's")
 
-    def _local_and_forward(self, local, forward):
-        """Run the local update on a helper thread while forwarding; both must succeed."""
-        fut = self._pool.submit(local)
+    def _local_and_forward(self, local, chain, tid, cid, ver, data, crc):
+        """Full-chunk write: send it to the successor first (the socket takes the whole frame
+        without blocking), apply it locally while the successor works, then wait for its ack.
+        Both must succeed. One thread: no hand-off to a helper thread and back."""
+        succ, _ = self._successor(chain, tid)
+        addr = self.routing.addr_of(succ["id"])
+        if addr is None:
+            raise ConnectionError(f"no address for target {succ['id']}")
+        args = {"chain": chain["id"], "chain_ver": chain["ver"], "chunk": cid.hex(), "ver": ver,
+                "offset": 0, "truncate_to": -1, "crc": crc, "full": True}
+        pending = self.rpc.start(addr, "fwd", args, data)
         try:
-            forward()
+            out = local()
         except BaseException:
-            try:
-                fut.result()
-            except Exception:  # noqa: BLE001 - the forward's error is the one reported
-                pass
+            pending.cancel()
             raise
-        return fut.result()
+        pending.finish()
+        return out
 
     def _write(self, args, data):
         tid, chain = self._my(args)
@@ -224,7 +228,7 @@ class StorageNode:
                     crc = crc32c(d)
                     self._local_and_forward(
                         lambda: eng.update(cid, ver, chain["ver"], 0, d, -1),
-                        lambda: self._forward(chain, tid, cid, ver, 0, -1, d, crc, whole=True))
+                        chain, tid, cid, ver, d, crc)
                 else:
                     nm = eng.update(cid, ver, chain["ver"], off, d, trunc)
                     self._forward(chain, tid, cid, ver, off, trunc, d, nm["pending_crc"])
@@ -248,7 +252,7 @@ class StorageNode:
                 if full and succ is not None:
                     self._local_and_forward(
                         lambda: self._apply(tid, chain, cid, ver, off, trunc, data, crc, True),
-                        lambda: self._forward(chain, tid, cid, ver, off, trunc, data, crc, True))
+                        chain, tid, cid, ver, data if data is not None else b"", crc)
                 else:
                     self._apply(tid, chain, cid, ver, off, trunc, data, crc, full)
                     self._forward(chain, tid, cid, ver, off, trunc, data, crc)
