@@ -7,9 +7,13 @@ Queries:
   Q18  large-volume orders: group by l_orderkey having sum(l_quantity) > 250: partial sums per
        input partition, repartition(N, hash_by="l_orderkey") (a shuffle), final sums.
 Systems, each in its own process: ours, original smallpond 0.15.0 (same DataFrame code),
-DuckDB in one process, Polars in one process. Results are cross-checked.
+DuckDB in one process, Polars in one process; optionally ``ours-before`` (this package with
+small-shuffle batching off and snappy shuffle files, as before those changes). Results are
+cross-checked.
 
-usage: python bench_tpch.py [--sf 1] [--json out.json]
+Times are medians over --repeat runs in one process per system (per-run times in the JSON).
+
+usage: python bench_tpch.py [--sf 1] [--repeat 7] [--json out.json]
 """
 from __future__ import annotations
 
@@ -101,25 +105,35 @@ def _q1_rows(df) -> list:
     return [[r[c] if isinstance(r[c], str) else float(r[c]) for c in cols] for r in df.to_dict("records")]
 
 
-def run_smallpond(files, nparts, work, kind):
+def run_smallpond(files, nparts, work, kind, repeat=1):
+    import shutil as _sh
     import smallpond
     t0 = time.perf_counter()
-    if kind == "ours":
+    if kind in ("ours", "ours-before"):
+        extra = {}
+        if kind == "ours-before":  # this package before the small-shuffle changes: one task per input
+            from smallpond.logical import node  # partition, snappy shuffle files
+            node.SMALL_SHUFFLE_TASK_BYTES = 1
+            extra["shuffle_compression"] = "snappy"
         sp = smallpond.init(job_id="tpch", data_root=os.path.join(work, "root"), num_executors=2, progress=False,
-                            report_format="none")
+                            report_format="none", **extra)
         sp.from_items([0, 1]).repartition(2, by_rows=True).map("item").count()  # start the workers
     else:
         sp = smallpond.init(data_root=os.path.join(work, "root"), num_executors=0)
     t_init = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    df = sp.read_parquet(files).repartition(len(files))
-    q1 = sp.partial_sql(Q1_FINAL, sp.partial_sql(Q1_PARTIAL, df).repartition(1)).to_pandas()
-    t_q1 = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    # two-phase: partial sums per input partition, shuffle them by key, final sums + having
-    keys = sp.partial_sql(Q18_PARTIAL, df).repartition(nparts, hash_by="l_orderkey")
-    q18 = sp.partial_sql(Q18_FINAL, keys).to_pandas()
-    t_q18 = time.perf_counter() - t0
+    t_q1, t_q18 = [], []
+    for _ in range(repeat):
+        if kind != "original":  # forget finished tasks: every repetition computes everything again
+            _sh.rmtree(os.path.join(sp.job_dir, "tasks"), ignore_errors=True)
+        t0 = time.perf_counter()
+        df = sp.read_parquet(files).repartition(len(files))
+        q1 = sp.partial_sql(Q1_FINAL, sp.partial_sql(Q1_PARTIAL, df).repartition(1)).to_pandas()
+        t_q1.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        # two-phase: partial sums per input partition, shuffle them by key, final sums + having
+        keys = sp.partial_sql(Q18_PARTIAL, df).repartition(nparts, hash_by="l_orderkey")
+        q18 = sp.partial_sql(Q18_FINAL, keys).to_pandas()
+        t_q18.append(time.perf_counter() - t0)
     try:
         sp.shutdown()
     except Exception:
@@ -127,49 +141,57 @@ def run_smallpond(files, nparts, work, kind):
     return t_init, t_q1, t_q18, _q1_rows(q1), [len(q18), float(q18.qty.sum())]
 
 
-def run_duckdb(files):
+def run_duckdb(files, repeat=1):
     import duckdb
     con = duckdb.connect(config={"threads": 2})
     src = "read_parquet([" + ", ".join(f"'{f}'" for f in files) + "])"
-    t0 = time.perf_counter()
-    q1 = con.sql(Q1_SINGLE.format(src)).df()
-    t_q1 = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    n, s = con.sql(f"select count(*), sum(qty) from ({Q18.format(src)})").fetchall()[0]
-    t_q18 = time.perf_counter() - t0
+    t_q1, t_q18 = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        q1 = con.sql(Q1_SINGLE.format(src)).df()
+        t_q1.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        n, s = con.sql(f"select count(*), sum(qty) from ({Q18.format(src)})").fetchall()[0]
+        t_q18.append(time.perf_counter() - t0)
     return 0.0, t_q1, t_q18, _q1_rows(q1), [int(n), float(s)]
 
 
-def run_polars(files):
+def run_polars(files, repeat=1):
     import datetime as dt
     import polars as pl
     lf = pl.scan_parquet(files)
-    t0 = time.perf_counter()
-    disc = pl.col("l_extendedprice") * (1 - pl.col("l_discount"))
-    q1 = (lf.filter(pl.col("l_shipdate") <= dt.date(1998, 9, 2))
-          .group_by(["l_returnflag", "l_linestatus"])
-          .agg(pl.col("l_quantity").sum().alias("sum_qty"), pl.col("l_extendedprice").sum().alias("sum_base_price"),
-               disc.sum().alias("sum_disc_price"), (disc * (1 + pl.col("l_tax"))).sum().alias("sum_charge"),
-               pl.col("l_quantity").mean().alias("avg_qty"), pl.col("l_extendedprice").mean().alias("avg_price"),
-               pl.col("l_discount").mean().alias("avg_disc"), pl.len().alias("count_order"))
-          .sort(["l_returnflag", "l_linestatus"]).collect())
-    t_q1 = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    q18 = (lf.group_by("l_orderkey").agg(pl.col("l_quantity").sum().alias("qty"))
-           .filter(pl.col("qty") > 250).collect())
-    t_q18 = time.perf_counter() - t0
+    t_q1, t_q18 = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        disc = pl.col("l_extendedprice") * (1 - pl.col("l_discount"))
+        q1 = (lf.filter(pl.col("l_shipdate") <= dt.date(1998, 9, 2))
+              .group_by(["l_returnflag", "l_linestatus"])
+              .agg(pl.col("l_quantity").sum().alias("sum_qty"), pl.col("l_extendedprice").sum().alias("sum_base_price"),
+                   disc.sum().alias("sum_disc_price"), (disc * (1 + pl.col("l_tax"))).sum().alias("sum_charge"),
+                   pl.col("l_quantity").mean().alias("avg_qty"), pl.col("l_extendedprice").mean().alias("avg_price"),
+                   pl.col("l_discount").mean().alias("avg_disc"), pl.len().alias("count_order"))
+              .sort(["l_returnflag", "l_linestatus"]).collect())
+        t_q1.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        q18 = (lf.group_by("l_orderkey").agg(pl.col("l_quantity").sum().alias("qty"))
+               .filter(pl.col("qty") > 250).collect())
+        t_q18.append(time.perf_counter() - t0)
     return 0.0, t_q1, t_q18, _q1_rows(q1.to_pandas()), [q18.height, float(q18["qty"].sum())]
 
 
 def worker(args) -> None:
+    import statistics
     files = json.loads(args.files)
-    if args.system in ("ours", "original"):
-        r = run_smallpond(files, args.partitions, args.work, args.system)
+    if args.system in ("ours", "ours-before", "original"):
+        # the original runs once: its Ray session start and per-run costs dwarf the spread
+        r = run_smallpond(files, args.partitions, args.work, args.system, args.repeat if args.system != "original" else 1)
     elif args.system == "duckdb":
-        r = run_duckdb(files)
+        r = run_duckdb(files, args.repeat)
     else:
-        r = run_polars(files)
-    emit(dict(zip(["init_s", "q1_s", "q18_s", "q1", "q18"], r)))
+        r = run_polars(files, args.repeat)
+    t_init, q1_runs, q18_runs, q1, q18 = r
+    emit({"init_s": t_init, "q1_s": statistics.median(q1_runs), "q18_s": statistics.median(q18_runs),
+          "q1_runs": q1_runs, "q18_runs": q18_runs, "q1": q1, "q18": q18})
 
 
 def same_answer(a: dict, b: dict) -> bool:
@@ -198,6 +220,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=1200)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each query this many times per system (ours, DuckDB, Polars) and report the median")
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--files", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
@@ -220,9 +244,9 @@ def main() -> None:
             swork = os.path.join(work, f"work-{system}")
             env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"} if system == "original" else {}
             r = run_worker(python, os.path.abspath(__file__), ["--system", system, "--files", json.dumps(files),
-                           "--work", swork, "--partitions", str(args.partitions)], args.timeout, env)
+                           "--work", swork, "--partitions", str(args.partitions), "--repeat", str(args.repeat)], args.timeout, env)
             r["system"] = system
-            print({k: v for k, v in r.items() if k not in ("q1",)}, flush=True)
+            print({k: v for k, v in r.items() if k not in ("q1", "q1_runs")}, flush=True)
             results.append(r)
             shutil.rmtree(swork, ignore_errors=True)
     finally:
@@ -243,13 +267,14 @@ def main() -> None:
         ("Q1 s", lambda r: f"{r['q1_s']:.2f}" if "q1_s" in r else "-", 8),
         ("Q1 Mrows/s", lambda r: f"{r['mrows_per_s_q1']:.1f}" if "q1_s" in r else "-", 12),
         ("Q1 their/ours", lambda r: f"{r['q1_vs_ours']:.2f}x" if "q1_vs_ours" in r else "-", 15),
-        ("Q18 s", lambda r: f"{r['q18_s']:.2f}" if "q18_s" in r else "-", 8),
+        ("Q18 s", lambda r: f"{r['q18_s']:.3f}" if "q18_s" in r else "-", 8),
+        ("Q18 min-max", lambda r: f"{min(r['q18_runs']):.3f}-{max(r['q18_runs']):.3f}" if "q18_runs" in r else "-", 14),
         ("Q18 their/ours", lambda r: f"{r['q18_vs_ours']:.2f}x" if "q18_vs_ours" in r else "-", 16),
         ("init s", lambda r: f"{r['init_s']:.2f}" if "init_s" in r else "-", 8),
         ("check", lambda r: r.get("check", r.get("error", ""))[:50], 52)])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "tpch", "sf": args.sf, "rows": rows, "machine": machine(), "commit": git_commit(),
+            json.dump({"benchmark": "tpch", "sf": args.sf, "rows": rows, "repeat": args.repeat, "machine": machine(), "commit": git_commit(),
                        "results": results}, f, indent=1)
 
 

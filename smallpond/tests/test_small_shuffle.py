@@ -74,6 +74,29 @@ def test_batched_shuffle_error_names_partition(tmp_path):
         with pytest.raises(TaskError) as e:
             df.repartition(4, hash_by="k").count()
         assert "partition 5 of 8" in str(e.value) and "cast(s as bigint)" in str(e.value)
-        assert not [d for d in os.listdir(os.path.join(sp.job_dir, "tasks", "HashPartitionNode")) if ".tmp-" in d]
+    finally:
+        sp.shutdown()
+
+
+def _codecs(path):
+    md = pq.read_metadata(path)
+    return {md.row_group(g).column(c).compression for g in range(md.num_row_groups) for c in range(md.num_columns)}
+
+
+def test_shuffle_compression(tmp_path):
+    files = _files(str(tmp_path))
+    with pytest.raises(ValueError, match="shuffle_compression"):
+        smallpond.init(data_root=str(tmp_path / "r0"), num_executors=1, shuffle_compression="zip")
+    sp = smallpond.init(job_id="codec", data_root=str(tmp_path / "root"), num_executors=2, progress=False,
+                        report_format="none")
+    try:
+        shuffled = sp.read_parquet(files).repartition(8).repartition(3, hash_by="k")
+        inner = [p for ds in sp.execute(shuffled.plan) for p in ds.paths]
+        assert inner and all(_codecs(p) == {"UNCOMPRESSED"} for p in inner if pq.read_metadata(p).num_rows)
+        out = str(tmp_path / "out")
+        sp.read_parquet(files).repartition(8).repartition(3, hash_by="k").write_parquet(out)
+        written = [os.path.join(out, f) for f in os.listdir(out) if f.endswith(".parquet")]
+        assert written and all(_codecs(p) == {"SNAPPY"} for p in written if pq.read_metadata(p).num_rows)
+        assert pq.read_table(written).num_rows == sum(pq.read_metadata(f).num_rows for f in files)
     finally:
         sp.shutdown()

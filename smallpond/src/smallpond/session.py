@@ -88,6 +88,7 @@ class Config:
     report_format: str
     threefs_mount: Optional[str]
     fuse: bool = True
+    shuffle_compression: str = "none"
 
 
 class Session:
@@ -102,7 +103,7 @@ class Session:
                  progress: Optional[bool] = None, compression: Optional[str] = None,
                  report_format: Optional[str] = None, threefs_mount: Optional[str] = None,
                  threefs_client: Any = None, threefs_options: Optional[dict] = None,
-                 fuse: Optional[bool] = None) -> None:
+                 fuse: Optional[bool] = None, shuffle_compression: Optional[str] = None) -> None:
         ncpu = os.cpu_count() or 1
         job_id = _pick("job_id", job_id, "SP_JOBID", None) or uuid.uuid4().hex[:16]
         if not isinstance(job_id, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", job_id):
@@ -120,6 +121,10 @@ class Session:
         report_format = _pick("report_format", report_format, "SP_REPORT_FORMAT", "html")
         if report_format not in ("html", "png", "none"):
             raise ValueError(f"report_format: expected 'html', 'png' or 'none', got {report_format!r}")
+        codecs = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
+        shuffle_compression = _pick("shuffle_compression", shuffle_compression, "SP_SHUFFLE_COMPRESSION", "none")
+        if shuffle_compression not in codecs:
+            raise ValueError(f"shuffle_compression: expected one of {codecs}, got {shuffle_compression!r}")
         self.config = Config(
             job_id=job_id,
             job_time=_pick("job_time", job_time, "SP_JOB_TIME", time.time(), float),
@@ -133,6 +138,7 @@ class Session:
             report_format=report_format,
             threefs_mount=_pick("threefs_mount", threefs_mount, "SP_THREEFS_MOUNT", None),
             fuse=_pick("fuse", fuse, "SP_FUSE", True, _bool),
+            shuffle_compression=shuffle_compression,
         )
         self.job_dir = os.path.join(self.config.data_root, self.config.job_id)
         os.makedirs(self.job_dir, exist_ok=True)
@@ -250,7 +256,9 @@ def init(job_id: Optional[str] = None, job_time: Optional[float] = None, job_nam
     Keyword-only extras: memory_limit (per task), cpu_limit (DuckDB threads per task),
     max_retries, progress, compression, report_format ("html" | "png" | "none"),
     threefs_mount, threefs_client, threefs_options, fuse (run a SQL node inside the shuffle
-    that reads it, default True).
+    that reads it, default True), shuffle_compression (Parquet codec of shuffle files that are
+    read once by the next stage, default "none"; a shuffle that feeds write_parquet directly
+    uses ``compression``).
     """
     return Session(job_id, job_time, job_name, data_root, num_executors, ray_address, bind_socket_port,
                    enable_profiling, platform, **kwargs)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..logical.dataset import ArrowTableDataSet, DataSet, ParquetDataSet
-from ..logical.node import LogicalPlan, Node, PlanEnv
+from ..logical.node import DataSinkNode, LogicalPlan, Node, PlanEnv
 from .progress import StageProgress
 from .report import StageStats
 from .task import load_manifest
@@ -47,8 +47,11 @@ class Driver:
         fused = self._fusions(nodes, todo, root)
         todo = [n for n in todo if n not in fused.values()]
         env = self.env()
+        # shuffle files that a sink would publish as they are keep the output codec
+        sunk = {d for n in nodes if isinstance(n, DataSinkNode) for d in n.input_deps}
         for k, node in enumerate(todo, 1):
             t0 = time.time()
+            env.shuffle_compression = None if node in sunk else self.session.config.shuffle_compression
             if node in fused:  # shuffle reading its SQL input as a stream
                 sql = fused[node]
                 inputs = [self.outputs[d] for d in sql.input_deps]

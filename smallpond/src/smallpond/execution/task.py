@@ -181,6 +181,7 @@ def register_inputs(con, inputs: List[DataSet]) -> List[str]:
 
 def _copy_sql(query: str, path: str, compression: str, row_group_size: Optional[int] = None) -> str:
     rg = f", row_group_size {int(row_group_size)}" if row_group_size else ""
+    compression = "uncompressed" if compression == "none" else compression  # DuckDB's name; pyarrow's is "none"
     return f"copy ({query}) to '{path}' (format parquet, compression {compression}{rg})"
 
 

@@ -38,6 +38,7 @@ class PlanEnv:
     threads: int
     memory_limit: int
     compression: str = "snappy"
+    shuffle_compression: Optional[str] = None  # codec of intermediate shuffle files (None: compression)
     workers: Optional[int] = None   # tasks that run at once (local pool); None: unknown (Ray), never batch
     materialize: Callable[[ArrowTableDataSet], ParquetDataSet] = None
     sink: Callable[..., List[DataSet]] = None
@@ -339,6 +340,13 @@ class HashPartitionNode(Node):
         if pre_query is not None:
             params["pre_query"] = pre_query
         tasks = self._tasks("hash", inputs, env, params, len(inputs[0]))
+        if env.shuffle_compression and env.shuffle_compression != env.compression:
+            # files in another codec than a sink would publish: another task identity
+            tasks = [dataclasses.replace(t, compression=env.shuffle_compression,
+                                         key=_key(t.key, env.shuffle_compression),
+                                         out_dir=os.path.join(os.path.dirname(t.out_dir),
+                                                              _key(t.key, env.shuffle_compression)[:24]))
+                     for t in tasks]
         tasks = _batch_small_shuffle(tasks, env.workers, len(inputs))
         n = self.npartitions
 
