@@ -174,6 +174,7 @@ def main() -> None:
     try:
         t0 = time.time()
         files, rows, hi_sum = generate(os.path.join(work, "input"), args.size_gb, args.input_files)
+        os.sync()  # write the generated files back now, not while the first system runs
         print(f"generated {rows:,} records ({rows * RECORD / 1e9:.2f} GB) in {len(files)} files, {time.time() - t0:.1f}s",
               flush=True)
         for system in args.systems:

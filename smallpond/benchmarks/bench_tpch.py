@@ -234,6 +234,7 @@ def main() -> None:
         t0 = time.time()
         files, rows = generate(os.path.join(work, "input"), args.sf, args.input_files)
         size = sum(os.path.getsize(f) for f in files)
+        os.sync()  # write the generated files back now, not while the first system runs
         print(f"generated lineitem SF {args.sf:g}: {rows:,} rows, {size / 1e6:.0f} MB parquet in {len(files)} files, "
               f"{time.time() - t0:.1f}s", flush=True)
         for system in args.systems:
