@@ -100,3 +100,19 @@ def test_shuffle_compression(tmp_path):
         assert pq.read_table(written).num_rows == sum(pq.read_metadata(f).num_rows for f in files)
     finally:
         sp.shutdown()
+
+
+def test_batched_shuffle_resumes(tmp_path):
+    files = _files(str(tmp_path))
+    outs = []
+    for attempt in range(2):  # the second session, same job, finds every batched task finished
+        sp = smallpond.init(job_id="resume", data_root=str(tmp_path / "root"), num_executors=2, progress=False,
+                            report_format="none")
+        try:
+            df = sp.partial_sql("select k, v from {0}", sp.read_parquet(files).repartition(8))
+            res = sp.execute(df.repartition(4, hash_by="k").plan)
+            outs.append([ds.to_arrow_table() for ds in res])
+            assert sp._driver.tasks_run == (2 if attempt == 0 else 0)
+        finally:
+            sp.shutdown()
+    assert all(a.equals(b) for a, b in zip(*outs))
