@@ -3,8 +3,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-# Dependency order: deepinfer (and smallpond's threefs extra) need their siblings installed first.
-ALL_PACKAGES=(eplb flashmla deepgemm deepep dualpipe threefs smallpond deepinfer)
+source "$ROOT/ci/_packages.sh"
 VENV="${CI_VENV:-$ROOT/.venv}"
 LOGS="${CI_LOGS:-$ROOT/.ci-logs}"
 TORCH_SPEC="${CI_TORCH:-torch==2.13.0}"   # the CPU build; on the CI machine a local file
@@ -13,16 +12,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 mkdir -p "$LOGS"
 
 now() { date +%s; }
-
-# packages that exist (a folder with a pyproject.toml), optionally filtered by the arguments
-existing_packages() {
-  local want=("$@") p
-  for p in "${ALL_PACKAGES[@]}"; do
-    [ -f "$ROOT/$p/pyproject.toml" ] || continue
-    if [ ${#want[@]} -gt 0 ] && [[ ! " ${want[*]} " =~ " $p " ]]; then continue; fi
-    echo "$p"
-  done
-}
 
 setup_venv() {
   local t0; t0=$(now)
