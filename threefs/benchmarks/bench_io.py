@@ -124,35 +124,21 @@ def fio(kind, procs, size, directory, nrand, direct=False):
 
 
 def meta_bench(fs, local_dir, n):
-    out = {}
+    def rate(op):
+        t = time.perf_counter()
+        for i in range(n):
+            op(i)
+        return n / (time.perf_counter() - t)
+
     fs.mkdir("/mb")
-    t = time.perf_counter()
-    for i in range(n):
-        fs.open(f"/mb/f{i}", "wb").close()
-    out["create"] = n / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for i in range(n):
-        fs.stat(f"/mb/f{i}")
-    out["stat"] = n / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for i in range(n):
-        fs.remove(f"/mb/f{i}")
-    out["unlink"] = n / (time.perf_counter() - t)
-    loc = {}
+    out = {"create": rate(lambda i: fs.open(f"/mb/f{i}", "wb").close()),
+           "stat": rate(lambda i: fs.stat(f"/mb/f{i}")),
+           "unlink": rate(lambda i: fs.remove(f"/mb/f{i}"))}
     d = os.path.join(local_dir, "mb")
     os.makedirs(d, exist_ok=True)
-    t = time.perf_counter()
-    for i in range(n):
-        os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
-    loc["create"] = n / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for i in range(n):
-        os.stat(f"{d}/f{i}")
-    loc["stat"] = n / (time.perf_counter() - t)
-    t = time.perf_counter()
-    for i in range(n):
-        os.unlink(f"{d}/f{i}")
-    loc["unlink"] = n / (time.perf_counter() - t)
+    loc = {"create": rate(lambda i: os.close(os.open(f"{d}/f{i}", os.O_WRONLY | os.O_CREAT, 0o644))),
+           "stat": rate(lambda i: os.stat(f"{d}/f{i}")),
+           "unlink": rate(lambda i: os.unlink(f"{d}/f{i}"))}
     return out, loc
 
 
