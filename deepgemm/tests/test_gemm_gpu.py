@@ -35,6 +35,18 @@ def _check(d, ref_out, orig=None):
         assert dg.calc_diff(d, orig) < TOL_ORIG
 
 
+def _check_fp8_with_c(m, n, k, x_seed, y_seed):
+    """One FP8 dense GEMM with an FP32 C into poisoned BF16, against the reference."""
+    x, y = _rand((m, k), x_seed), _rand((n, k), y_seed)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    c = torch.randn(m, n, device=DEV)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, d, c=c)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r, c)
+    _check(d, r)
+
+
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
 @pytest.mark.parametrize("m", [1, 64, 128, 4096, 37, 1000])
 def test_fp8_gemm_nt(m, nk):
@@ -232,14 +244,7 @@ def test_pipelined_fp8(epi, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
     for m, n, k in [(1, 7168, 16384), (64, 7168, 2048), (128, 2112, 7168), (1000, 4096, 7168), (3, 4096, 384),
                     (40, 2112, 128), (4096, 7168, 2048)]:
-        x, y = _rand((m, k), m + 1), _rand((n, k), n + 1)
-        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-        c = torch.randn(m, n, device=DEV)
-        d = poisoned((m, n), torch.bfloat16, DEV)
-        dg.fp8_gemm_nt(a, b, d, c=c)
-        r = torch.empty(m, n, device=DEV)
-        ref.ref_gemm_nt(*a, *b, r, c)
-        _check(d, r)
+        _check_fp8_with_c(m, n, k, m + 1, n + 1)
     g, m_max, n, k = 8, 64, 4096, 7168
     mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
     x, y = _rand((g, m_max, k), 30), _rand((g, n, k), 31)
@@ -307,13 +312,6 @@ def test_epilogues_and_block_sizes(epi, num_sms, ksplit, monkeypatch):
     dg.set_num_sms(num_sms)
     try:
         for m, n, k in [(1000, 2112, 7168), (64, 7168, 2048), (129, 24576, 1536), (3, 4096, 384), (40, 2112, 128)]:
-            x, y = _rand((m, k), m), _rand((n, k), n)
-            a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-            c = torch.randn(m, n, device=DEV)
-            d = poisoned((m, n), torch.bfloat16, DEV)
-            dg.fp8_gemm_nt(a, b, d, c=c)
-            r = torch.empty(m, n, device=DEV)
-            ref.ref_gemm_nt(*a, *b, r, c)
-            _check(d, r)
+            _check_fp8_with_c(m, n, k, m, n)
     finally:
         dg.set_num_sms(old)
