@@ -35,9 +35,9 @@ def _tfs_worker(args):
         time.sleep(0.001)
     t = time.perf_counter()
     if kind == "seq-write":
-        with fs.open(path, "wb") as f:
-            for off in range(0, size, MiB):
-                f.pwrite(buf, off)
+        with fs.open(path, "wb") as f:  # write-behind: close() returns when all are acked
+            for _ in range(0, size, MiB):
+                f.write(buf)
         n = size
     elif kind == "seq-read":
         rbuf = bytearray(MiB)
@@ -67,8 +67,8 @@ def _local_worker(args):
     t = time.perf_counter()
     if kind == "seq-write":
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        for off in range(0, size, MiB):
-            os.pwrite(fd, buf, off)
+        for _ in range(0, size, MiB):
+            os.write(fd, buf)
         os.close(fd)
         n = size
     elif kind == "seq-read":

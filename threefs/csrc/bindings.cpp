@@ -1,4 +1,7 @@
 // Python bindings of the chunk engine and CRC32C (module threefs._C).
+#include <cstring>
+#include <memory>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -34,6 +37,16 @@ struct Buf {
     len = static_cast<size_t>(info.size * info.itemsize);
   }
 };
+// An open zero-copy read span (ChunkEngine::open_span); close() releases it (also on collection).
+struct PySpan {
+  ChunkEngine* e = nullptr;
+  py::object owner;  // the engine's Python object: kept alive while the span is
+  ChunkEngine::Span s;
+  void close() {
+    if (e && (s.fd >= 0 || s.lease)) e->close_span(&s);
+  }
+  ~PySpan() { close(); }
+};
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -61,6 +74,34 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(crc, t);
       },
       py::arg("data"), "(CRC32C of data, [CRC32C of each 4 KiB block]) in one pass");
+
+  m.def(
+      "verify_crc32c",
+      [](py::buffer data, uint32_t crc, py::bytes blocks) {
+        Buf b(data);
+        std::string t = blocks;
+        py::gil_scoped_release nogil;
+        if (t.empty()) return crc32c(0, b.ptr, b.len) == crc;
+        size_t nb = (b.len + kBlockBytes - 1) / kBlockBytes;
+        if (t.size() != 4 * nb) return false;
+        std::vector<uint32_t> got(nb);
+        crc32c_blocks(b.ptr, b.len, got.data());
+        return std::memcmp(got.data(), t.data(), t.size()) == 0;
+      },
+      py::arg("data"), py::arg("crc"), py::arg("block_crcs") = py::bytes(""),
+      "True when data matches: CRC32C `crc` of the whole, or, when block_crcs (little-endian u32 "
+      "per 4 KiB block) is given, every block's CRC32C");
+
+  py::class_<PySpan>(m, "Span")
+      .def_property_readonly("fd", [](const PySpan& p) { return p.s.fd; })
+      .def_property_readonly("file_offset", [](const PySpan& p) { return p.s.file_offset; })
+      .def_property_readonly("n", [](const PySpan& p) { return p.s.n; })
+      .def_property_readonly("whole", [](const PySpan& p) { return p.s.whole; })
+      .def_property_readonly("crc", [](const PySpan& p) { return p.s.crc; })
+      .def_property_readonly("block_crcs", [](const PySpan& p) {
+        return py::bytes(reinterpret_cast<const char*>(p.s.crcs.data()), p.s.crcs.size() * 4);
+      })
+      .def("close", &PySpan::close);
 
   g_checksum_error = py::exception<ChecksumError>(m, "ChecksumError", PyExc_IOError);
   g_version_error = py::exception<VersionError>(m, "VersionError", PyExc_ValueError);
@@ -148,6 +189,25 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("chunk_id"), py::arg("offset"), py::arg("length"), py::arg("verify") = true,
           py::arg("pending") = false)
+      .def(
+          "open_span",
+          [](py::object self, py::bytes id, uint64_t offset, uint64_t length) {
+            ChunkEngine& e = self.cast<ChunkEngine&>();
+            std::string k = id;
+            auto sp = std::make_unique<PySpan>();
+            sp->e = &e;
+            sp->owner = self;
+            int st;
+            {
+              py::gil_scoped_release nogil;
+              st = e.open_span(k, offset, length, &sp->s);
+            }
+            py::object o = py::none();
+            if (st == 1) o = py::cast(std::move(sp));
+            return py::make_tuple(st, o);
+          },
+          py::arg("chunk_id"), py::arg("offset"), py::arg("length"),
+          "(status, Span|None): 0 no committed chunk, 2 range not block-aligned, 1 opened")
       .def(
           "abort",
           [](ChunkEngine& e, py::bytes id, uint64_t ver) { return e.abort(std::string(id), ver); },

@@ -612,6 +612,60 @@ bool ChunkEngine::read(const std::string& id, uint64_t offset, uint64_t length, 
   return true;
 }
 
+int ChunkEngine::open_span(const std::string& id, uint64_t offset, uint64_t length, Span* s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);  // a reader entry: the file is not recycled meanwhile
+    s->lease = ++next_lease_;
+    leases_[s->lease] = readers_.insert(epoch_);
+  }
+  try {
+    std::string c = chunk_path(id, false);
+    s->fd = ::open(c.c_str(), O_RDONLY | O_CLOEXEC);
+    if (s->fd < 0) {
+      if (errno == ENOENT) {
+        close_span(s);
+        return 0;
+      }
+      throw sys_error("open " + c);
+    }
+    Header h;
+    if (!read_header(s->fd, &h)) throw ChecksumError("corrupt chunk header in " + c);
+    uint64_t n = offset >= h.size ? 0 : std::min<uint64_t>(length, h.size - offset);
+    uint64_t end = offset + n;
+    if (n == 0 || offset % kBlock || (end % kBlock && end != h.size)) {
+      close_span(s);
+      return 2;
+    }
+    s->size = h.size;
+    s->file_offset = kHeader + offset;
+    s->n = n;
+    s->whole = offset == 0 && n == h.size;
+    s->crc = h.crc;
+    if (!s->whole) {
+      size_t b0 = offset / kBlock, nb = nblocks(n);
+      s->crcs.resize(nb);
+      pread_full(s->fd, reinterpret_cast<char*>(s->crcs.data()), nb * 4,
+                 kHeader + h.size + 4 * b0);
+    }
+    return 1;
+  } catch (...) {
+    close_span(s);
+    throw;
+  }
+}
+
+void ChunkEngine::close_span(Span* s) {
+  if (s->fd >= 0) ::close(s->fd);
+  s->fd = -1;
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = leases_.find(s->lease);
+  if (it != leases_.end()) {
+    readers_.erase(it->second);
+    leases_.erase(it);
+  }
+  s->lease = 0;
+}
+
 std::optional<ChunkMeta> ChunkEngine::meta(const std::string& id) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = chunks_.find(id);

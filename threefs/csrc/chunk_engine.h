@@ -66,6 +66,22 @@ class ChunkEngine {
   // the chunk has no committed version. Throws ChecksumError when verify and the CRC mismatches.
   bool read(const std::string& id, uint64_t offset, uint64_t length, bool verify,
             const std::function<char*(size_t)>& alloc, bool pending = false);
+  // Zero-copy reads: open the committed file of `id` for sending bytes [offset, offset+length)
+  // straight from it (sendfile), without reading or verifying them here; the receiver verifies
+  // them against the CRC32C values returned with the span. Returns 0 when there is no committed
+  // version, 2 when the range is not 4 KiB-block aligned (its end may be the chunk's end; the
+  // caller then uses read()), 1 with *span filled. The span holds an open descriptor and keeps
+  // the file out of reuse (recycling) until close_span.
+  struct Span {
+    int fd = -1;
+    uint64_t file_offset = 0, n = 0, lease = 0;
+    uint32_t size = 0;
+    bool whole = false;          // n bytes are the whole chunk: check against crc
+    uint32_t crc = 0;            // CRC32C of the whole chunk
+    std::vector<uint32_t> crcs;  // otherwise: CRC32C of each 4 KiB block of the range
+  };
+  int open_span(const std::string& id, uint64_t offset, uint64_t length, Span* span);
+  void close_span(Span* span);
   // Drop pending version `ver` (a successor refused it). Returns false if it is not pending.
   bool abort(const std::string& id, uint64_t ver);
   std::optional<ChunkMeta> meta(const std::string& id);
@@ -113,6 +129,8 @@ class ChunkEngine {
   std::deque<Pooled> free_;
   uint64_t free_bytes_ = 0;
   std::multiset<uint64_t> readers_;
+  std::map<uint64_t, std::multiset<uint64_t>::iterator> leases_;  // open spans' reader entries
+  uint64_t next_lease_ = 0;
   uint64_t epoch_ = 0, free_seq_ = 0;
   size_t stashed_ = 0;
   static constexpr size_t kMaxFree = 256;

@@ -265,3 +265,48 @@ def test_recycled_files_and_concurrent_reads(tmp_path):
     assert not os.listdir(tmp_path / "free")
     for cid in ids:
         assert e2.read(cid) == model.get(cid)
+
+
+def test_open_span_gives_file_range_and_crcs(tmp_path):
+    """Zero-copy read spans: the descriptor and offset address exactly the committed bytes, the
+    CRCs are the stored ones (whole chunk or per 4 KiB block), unaligned ranges and missing
+    chunks are refused, and an open span keeps its file from being recycled."""
+    from threefs import _C
+    e = ChunkEngine(str(tmp_path), "none", 1 << 40, 1 << 20)
+    rng = random.Random()
+    n = rng.randrange(3 * 4096 + 1, 300_000)
+    data = rng.randbytes(n)
+    cid = chunk_id(5, 0)
+    e.update(cid, 1, 1, 0, data)
+    assert e.open_span(cid, 0, n)[0] == 0  # only pending: nothing committed
+    e.commit(cid, 1)
+    st, sp = e.open_span(cid, 0, 1 << 20)
+    assert st == 1 and sp.whole and sp.n == n and sp.crc == crc32c(data)
+    assert os.pread(sp.fd, sp.n, sp.file_offset) == data
+    sp.close()
+    sp.close()  # idempotent
+    end = n // 4096 * 4096
+    for off, ln in ((4096, 8192), (0, 4096), (end, 1 << 20), (8192, n)):
+        st, sp = e.open_span(cid, off, ln)
+        want = data[off:off + ln]
+        assert st == 1 and not sp.whole and sp.n == len(want)
+        got = os.pread(sp.fd, sp.n, sp.file_offset)
+        assert got == want and _C.verify_crc32c(got, 0, sp.block_crcs)
+        bad = bytearray(got)
+        bad[rng.randrange(len(bad))] ^= 1
+        assert not _C.verify_crc32c(bytes(bad), 0, sp.block_crcs)
+        sp.close()
+    assert e.open_span(cid, 100, 4096)[0] == 2  # unaligned start
+    assert e.open_span(cid, 0, 5000)[0] == 2  # unaligned end before the chunk's end
+    assert e.open_span(chunk_id(6, 0), 0, 4096)[0] == 0
+    with pytest.raises(ValueError):
+        e.open_span(cid, -1, 10)
+    # an open span holds its file: updates meanwhile go to other files, its bytes stay
+    st, sp = e.open_span(cid, 0, n)
+    for v in range(2, 8):
+        new = rng.randbytes(n)
+        e.update(cid, v, 1, 0, new)
+        e.commit(cid, v)
+    assert os.pread(sp.fd, sp.n, sp.file_offset) == data
+    sp.close()
+    assert e.read(cid) == new

@@ -219,3 +219,27 @@ def test_all_replicas_down_lastsrv_comes_back_first(tmp_path):
             f.close()
         assert faults.replicas_identical(c)
         fs.close()
+
+
+def test_write_behind_stream_survives_a_killed_head(cluster):
+    """A File.write stream (write-behind, several chunk writes in flight) while the head of a
+    chain is killed: writes in flight fail over and are retried, close() returns only when
+    all are acknowledged, and the file reads back intact; the node comes back identical."""
+    fs = cluster.client(uid=0, gid=0, deadline_s=30, write_window=4)
+    try:
+        cs = 256 * 1024
+        data = os.urandom(cs * 40 + 12345)
+        victim = "s1"  # the head of one of the chains the file is striped over
+        assert victim in cluster.procs
+        with fs.open("/wbk", "wb") as f:
+            for i in range(0, len(data), cs // 2):
+                if i == cs * 10:
+                    cluster.kill(victim)
+                f.write(data[i:i + cs // 2])
+        assert fs.pread("/wbk", len(data) + 1, 0) == data
+        cluster.start_process(victim)
+        cluster.wait_serving(40)
+        assert fs.pread("/wbk", len(data) + 1, 0) == data
+        assert faults.replicas_identical(cluster)
+    finally:
+        fs.close()

@@ -172,3 +172,38 @@ def test_enospc_is_clear_and_nothing_corrupted(tmp_path):
         for n in nodes:
             n.stop()
         mg.stop()
+
+
+def test_zero_copy_reads_checked_by_client_and_repaired(craq):
+    """Zero-copy reads (sendfile, CRC32C checked by the client): a byte flipped on one replica's
+    disk is detected by the client, read again through that replica's verifying path, which
+    serves the right bytes from another replica and repairs its copy; the data is never wrong."""
+    mg, nodes, sc, rc = craq
+    assert sc.zero_copy
+    cid = chunk_id(47, 0)
+    data = os.urandom(1 << 20)
+    sc.write_chunk(1, cid, 0, data)
+    chain = sc.routing.chain(1)
+    res, d = rc.call(nodes[1].addr, "read", {"chain": 1, "chain_ver": chain["ver"],
+                                             "chunk": cid.hex(), "offset": 0, "length": 1 << 20,
+                                             "zc": True})
+    assert bytes(d) == data and res["ver"] == 1
+    path = nodes[1].engines[12].chunk_path(cid)
+    with open(path, "r+b") as f:
+        f.seek(64 + 5000)
+        b = f.read(1)
+        f.seek(64 + 5000)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(rpc.RpcError) as ei:  # the replica sends it unverified; the CRC catches it
+        rc.call(nodes[1].addr, "read", {"chain": 1, "chain_ver": chain["ver"], "chunk": cid.hex(),
+                                        "offset": 4096, "length": 8192, "zc": True})
+    assert ei.value.code == "CHECKSUM"
+    buf = bytearray(1 << 20)
+    for _ in range(60):  # replicas are picked at random; go on until the bad one was hit
+        buf[:] = b"\0" * len(buf)
+        assert sc.read_chunk(1, cid, 0, 1 << 20, into=buf) == 1 << 20 and buf == data
+        if nodes[1].stats["repairs"]:
+            break
+    assert nodes[1].stats["repairs"] == 1 and sc.stats["crc_retries"] >= 1
+    assert nodes[1].engines[12].read(cid) == data
+    assert replica_metas(nodes, cid)[1] == replica_metas(nodes, cid)[0]

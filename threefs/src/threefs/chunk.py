@@ -82,6 +82,16 @@ class ChunkEngine:
             raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
         return self._e.read(_check_id(chunk_id), offset, length, verify, pending)
 
+    def open_span(self, chunk_id: bytes, offset: int, length: int):
+        """(status, Span|None) for a zero-copy read of committed bytes [offset, offset+length):
+        status 0 = nothing committed, 2 = range not 4 KiB-aligned (use read), 1 = a Span with
+        fd, file_offset, n, whole, crc (of the whole chunk), block_crcs (LE u32 per 4 KiB block
+        of the range, when not whole) and close(); the file is kept from reuse until close().
+        The bytes are not verified here: the receiver checks them against the CRCs."""
+        if offset < 0 or length < 0:
+            raise ValueError(f"offset and length must be >= 0, got {offset}, {length}")
+        return self._e.open_span(_check_id(chunk_id), offset, length)
+
     def abort(self, chunk_id: bytes, ver: int) -> bool:
         """Drop pending version `ver`."""
         return self._e.abort(_check_id(chunk_id), ver)

@@ -42,11 +42,15 @@ def _check_path(name: str, p):
 class Client:
     """mgmtd: 'host:port' or a list of them; secret: the cluster secret; uid/gid: the identity
     the meta service checks permission bits against; readahead: how many blocks ahead files
-    opened read-only ask for during a sequential read (0 or False: none; see File.readinto)."""
+    opened read-only ask for during a sequential read (0 or False: none; see File.readinto);
+    zero_copy: replicas send chunk bytes with sendfile, checked here against their stored
+    CRC32C instead of a payload MAC (False: MACed payloads, see rpc.py for the trade-off);
+    write_window: how many chunk writes File.write keeps in flight (write-behind; 0: each
+    write waits for its ack, as pwrite always does; see File.write)."""
 
     def __init__(self, mgmtd, secret, uid: int | None = None, gid: int | None = None,
                  gids=(), deadline_s: float = 60.0, io_threads: int = 4,
-                 readahead: int = 3):
+                 readahead: int = 3, zero_copy: bool = True, write_window: int = 4):
         addrs = [mgmtd] if isinstance(mgmtd, str) else list(mgmtd)
         for a in addrs:
             rpc.parse_addr(a)
@@ -54,13 +58,18 @@ class Client:
         self.mgmtd = MgmtdClient(addrs, self.rpc)
         self.user = {"uid": os.getuid() if uid is None else int(uid),
                      "gid": os.getgid() if gid is None else int(gid), "gids": list(gids)}
-        self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s, watch=True)
+        self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s, watch=True,
+                                     zero_copy=zero_copy)
         self.deadline_s = deadline_s
         if isinstance(readahead, bool):
             readahead = 3 if readahead else 0
         if not isinstance(readahead, int) or not 0 <= readahead <= 16:
             raise ValueError(f"readahead must be a bool or an int in [0, 16], got {readahead!r}")
         self.readahead = readahead
+        if isinstance(write_window, bool) or not isinstance(write_window, int) \
+                or not 0 <= write_window <= 64:
+            raise ValueError(f"write_window must be an int in [0, 64], got {write_window!r}")
+        self.write_window = write_window
         self._meta_i = random.randrange(1 << 16)
         self._pool = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
         self.max_file_size = None
@@ -232,12 +241,15 @@ class Client:
             return [fn(*i) for i in items]
         return list(self._pool.map(lambda a: fn(*a), items))
 
-    def write_at(self, attrs: dict, offset: int, data) -> int:
-        mv = memoryview(data).cast("B")
+    def _check_write(self, offset: int, n: int):
         if offset < 0:
             raise ValueError(f"offset must be >= 0, got {offset}")
-        if offset + mv.nbytes > self._max_size():
+        if offset + n > self._max_size():
             raise OSError(errno.EFBIG, f"write past the maximum file size {self._max_size()}")
+
+    def write_at(self, attrs: dict, offset: int, data) -> int:
+        mv = memoryview(data).cast("B")
+        self._check_write(offset, mv.nbytes)
         items = [(ch, chunk_id(attrs["id"], idx), off, mv[rel:rel + n])
                  for idx, ch, off, n, rel in self._pieces(attrs["layout"], offset, mv.nbytes)]
         self._map(self.storage.write_chunk, items)
@@ -274,6 +286,8 @@ class Client:
 
     def pread(self, path_or_file, length: int, offset: int) -> bytes:
         f = path_or_file
+        if isinstance(f, File):
+            f._drain()
         attrs = f.attrs if isinstance(f, File) else self.stat(f)
         if attrs["type"] != "f":
             raise IsADirectoryError(errno.EISDIR, f"not a regular file: {f}")
@@ -286,6 +300,8 @@ class Client:
         The chunk pieces of all requests go out as one batch_read RPC per storage node."""
         plan, reqs, bufs, outs = [], [], [], []
         for f, off, n in requests:
+            if isinstance(f, File):
+                f._drain()
             attrs = f.attrs if isinstance(f, File) else self.stat(f)
             size = f.size if isinstance(f, File) else attrs["size"]
             if off < 0 or n < 0:
@@ -329,6 +345,8 @@ class File(io.RawIOBase):
         self._wrote = False
         # readahead, oldest first: (file offset, length, chain, chunk id, chunk offset, started)
         self._ra: list = []
+        # write-behind, oldest first: (chain, chunk id, chunk offset, bytes, rpc.Pending)
+        self._wb: list = []
 
     @property
     def name(self):
@@ -359,6 +377,7 @@ class File(io.RawIOBase):
         the prefetch; open "r+b", or pass readahead=False to Client, for reads that always
         start when called)."""
         self._check("read")
+        self._drain()
         mv = memoryview(b).cast("B")
         n = max(0, min(mv.nbytes, self.size - self.pos))
         ra = self._ra.pop(0) if self._ra else None
@@ -412,15 +431,64 @@ class File(io.RawIOBase):
         return self.read(-1)
 
     def write(self, b) -> int:
+        """Write at the position, write-behind: up to Client(write_window=) chunk writes stay
+        in flight (each sent to its chain head, the ack taken later), so consecutive writes
+        overlap with the replication of earlier ones. A write that fails is retried like any
+        other (write_chunk); one that fails for good raises from a later write, flush() or
+        close() - those three return only when every earlier write was acknowledged by its
+        whole chain (pwrite returns only then, always). Writes to the same chunk never overlap
+        in flight, and reads, pwrite and truncate on this file wait for the writes first."""
         self._check("write")
         if self.append:
             self.pos = self.size
-        n = self.pwrite(b, self.pos)
+        if not self.client.write_window:
+            n = self.pwrite(b, self.pos)
+        else:
+            n = self._write_behind(b, self.pos)
         self.pos += n
         return n
 
+    def _write_behind(self, b, offset: int) -> int:
+        cl = self.client
+        mv = memoryview(b).cast("B")
+        cl._check_write(offset, mv.nbytes)
+        if not isinstance(b, bytes):  # the caller may reuse its buffer: keep the bytes for retries
+            mv = memoryview(bytes(mv))
+        for idx, ch, off, n, rel in cl._pieces(self.attrs["layout"], offset, mv.nbytes):
+            cid = chunk_id(self.attrs["id"], idx)
+            piece = mv[rel:rel + n]
+            for w in [w for w in self._wb if w[1] == cid]:  # same chunk: in order
+                self._finish_write(w)
+            while len(self._wb) >= cl.write_window:
+                self._finish_write(self._wb[0])
+            p = cl.storage.start_write(ch, cid, off, piece)
+            if p is None:
+                cl.storage.write_chunk(ch, cid, off, piece)
+            else:
+                self._wb.append((ch, cid, off, piece, p))
+            self.size = max(self.size, offset + rel + n)
+            self._wrote = True
+        return mv.nbytes
+
+    def _finish_write(self, w):
+        self._wb.remove(w)
+        ch, cid, off, piece, p = w
+        self.client.storage.finish_write(p, ch, cid, off, piece)
+
+    def _drain(self):
+        """Wait for every write in flight; raise the first failure after taking them all."""
+        err = None
+        while self._wb:
+            try:
+                self._finish_write(self._wb[0])
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                err = err or e
+        if err is not None:
+            raise err
+
     def pwrite(self, data, offset: int) -> int:
         self._check("write")
+        self._drain()
         n = self.client.write_at(self.attrs, offset, data)
         self.size = max(self.size, offset + n)
         self._wrote = True
@@ -428,6 +496,7 @@ class File(io.RawIOBase):
 
     def pread(self, length: int, offset: int) -> bytes:
         self._check("read")
+        self._drain()
         length = max(0, min(length, self.size - offset))
         return self.client.read_at(self.attrs, offset, length)
 
@@ -450,6 +519,7 @@ class File(io.RawIOBase):
     def truncate(self, size: int | None = None) -> int:
         self._check("write")
         size = self.pos if size is None else size
+        self._drain()
         self.flush()
         self.attrs = self.client.truncate(self.path, size)
         self.size = size
@@ -458,6 +528,7 @@ class File(io.RawIOBase):
     def flush(self):
         if self.closed or self._closing or "write" not in self.flags:
             return
+        self._drain()
         r = self.client._meta("fsync", inode=self.attrs["id"], session=self.session,
                               length_hint=self.size)
         self.size = max(self.size, r["attrs"]["size"])
@@ -468,6 +539,11 @@ class File(io.RawIOBase):
         if self.closed:
             return
         self._drop_readahead()
+        err = None
+        try:
+            self._drain()
+        except Exception as e:  # noqa: BLE001 - the session is closed first, then it is raised
+            err = e
         self._closing = True
         try:
             if "write" in self.flags:
@@ -476,3 +552,5 @@ class File(io.RawIOBase):
                 self.size = r["attrs"]["size"]
         finally:
             super().close()
+        if err is not None:
+            raise err

@@ -17,12 +17,20 @@ The frame MAC covers header + meta + the payload tag (or the payload itself for 
 A peer without the secret never gets past this step: the server closes the connection.
 
 Frame (both directions):
-    header  ">2sBBQII": magic b"3F", version 1, kind (0 request, 1 response), sequence number,
-            meta length, data length                                                  (20 bytes)
+    header  ">2sBBQII": magic b"3F", version 1, kind (0 request, 1 response, 2 response with a
+            checksummed payload), sequence number, meta length, data length          (20 bytes)
     mac     HMAC-SHA256(session key, header + meta + data or its tag), first 16 bytes (16 bytes)
     meta    UTF-8 JSON object (method and arguments, or the result / error)
     data    raw bytes (chunk payloads), sent and received without re-packing: the sender hands
             the buffers to sendmsg, the receiver reads into one preallocated buffer.
+Kind 2 (zero-copy chunk reads, see FileSlice): the payload goes from a chunk file into the socket
+with sendfile, so the sender never has it in memory to MAC. The frame MAC then covers header +
+meta only, and the meta carries the payload's stored CRC32C ("_crc", the whole payload, or
+"_bcrc", hex of a little-endian u32 per 4 KiB block), which the receiver checks over what it
+received: corruption on the sender's disk or in transit is detected (answered as error CHECKSUM,
+so the caller reads again through the verifying path). A CRC is not a MAC: a deliberate on-path
+modifier who also fixes the CRC would go unnoticed for these payloads (the header, the meta and
+all other payloads stay MACed); clients that need that pass zero_copy=False.
 Sequence numbers count frames per direction, so a replayed or reordered frame fails the check.
 The decoder rejects bad magic, version or kind, lengths over the limits, a wrong sequence number,
 a bad MAC, truncated frames and meta that is not a JSON object, by closing the connection.
@@ -38,6 +46,8 @@ import socket
 import struct
 import threading
 import time
+
+from . import _C
 
 HEADER = struct.Struct(">2sBBQII")
 MAC_LEN = 16
@@ -65,6 +75,24 @@ def choose_flags(offered: int, local: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _gmac_for(key: bytes):
     return AESGCM(hmac.digest(key, b"gmac", "sha256")[:16])
+
+
+class FileSlice:
+    """A response payload sent from a file with sendfile (frame kind 2): n bytes of descriptor fd
+    at offset, whose CRC32C is crc (whole payload) or block_crcs (bytes, a little-endian u32 per
+    4 KiB block); close() runs once the frame is sent (or failed)."""
+
+    def __init__(self, fd: int, offset: int, n: int, crc: int | None = None,
+                 block_crcs: bytes | None = None, close=None):
+        if (crc is None) == (block_crcs is None):
+            raise ValueError("FileSlice needs exactly one of crc and block_crcs")
+        self.fd, self.offset, self.n = fd, offset, n
+        self.crc, self.block_crcs, self._close = crc, block_crcs, close
+
+    def close(self):
+        c, self._close = self._close, None
+        if c is not None:
+            c()
 
 
 class ProtocolError(Exception):
@@ -152,6 +180,11 @@ class Channel:
         self._rbuf = None  # reused receive buffer (see recv(reuse=True))
 
     def send(self, kind: int, meta: dict, data=None) -> None:
+        if isinstance(data, FileSlice):
+            try:
+                return self._send_file(meta, data)
+            finally:
+                data.close()
         parts = [] if data is None else (list(data) if isinstance(data, (list, tuple)) else [data])
         parts = [m for m in (memoryview(p).cast("B") for p in parts) if m.nbytes]
         mb = json.dumps(meta, separators=(",", ":")).encode()
@@ -170,6 +203,29 @@ class Channel:
                 self.sock.sendall(b[sent:])
                 sent = 0
 
+    def _send_file(self, meta: dict, fs: FileSlice) -> None:
+        """A kind-2 response: header, MAC and meta (with the payload's CRC32C) with sendmsg,
+        then the payload straight from the file with sendfile (no copy through user space)."""
+        meta = dict(meta)
+        if fs.crc is not None:
+            meta["_crc"] = int(fs.crc)
+        else:
+            meta["_bcrc"] = fs.block_crcs.hex()
+        mb = json.dumps(meta, separators=(",", ":")).encode()
+        hdr = HEADER.pack(b"3F", 1, 2, self.send_seq, len(mb), fs.n)
+        self.send_seq += 1
+        head = hdr + _mac(self.key, hdr, mb, [], self.flags) + mb
+        sent = self.sock.send(head, socket.MSG_MORE)
+        if sent < len(head):
+            self.sock.sendall(memoryview(head)[sent:], socket.MSG_MORE)
+        off, left, fd = fs.offset, fs.n, self.sock.fileno()
+        while left > 0:
+            r = os.sendfile(fd, fs.fd, off, left)
+            if r == 0:
+                raise ProtocolError(f"chunk file ended {left} bytes early")
+            off += r
+            left -= r
+
     def recv(self, kind: int, into=None, reuse: bool = False):
         """(meta dict, data). With `into` (a writable memoryview), data that fits is read
         straight into it and returned as a memoryview of it. With `reuse`, data lands in a
@@ -179,7 +235,7 @@ class Channel:
         magic, ver, k, seq, mlen, dlen = HEADER.unpack_from(hdr)
         if magic != b"3F" or ver != 1:
             raise ProtocolError(f"bad magic/version {magic!r}/{ver}")
-        if k != kind:
+        if k != kind and not (kind == 1 and k == 2):
             raise ProtocolError(f"unexpected frame kind {k}")
         if mlen > MAX_META or dlen > MAX_DATA:
             raise ProtocolError(f"frame too large: meta {mlen}, data {dlen}")
@@ -195,7 +251,8 @@ class Channel:
             _recv_into(self.sock, data)
         else:
             data = _recv_exact(self.sock, dlen) if dlen else None
-        want = _mac(self.key, hdr[:HEADER.size], meta, [data] if data else [], self.flags)
+        want = _mac(self.key, hdr[:HEADER.size], meta, [data] if data and k != 2 else [],
+                    self.flags)
         if not hmac.compare_digest(want, hdr[HEADER.size:]):
             raise ProtocolError("bad frame MAC")
         self.recv_seq += 1
@@ -205,6 +262,18 @@ class Channel:
             raise ProtocolError(f"meta is not JSON: {e}") from None
         if not isinstance(m, dict):
             raise ProtocolError("meta is not a JSON object")
+        if k == 2:  # payload covered by its stored CRC32C instead of the MAC
+            crc, bcrc = m.pop("_crc", None), m.pop("_bcrc", None)
+            if (crc is None) == (bcrc is None):
+                raise ProtocolError("kind-2 frame needs exactly one of _crc and _bcrc")
+            try:
+                ok = _C.verify_crc32c(data if data is not None else b"", int(crc or 0),
+                                      bytes.fromhex(bcrc) if bcrc else b"")
+            except (TypeError, ValueError):
+                raise ProtocolError("kind-2 frame without a valid payload CRC") from None
+            if not ok:  # the frame itself was sound: the channel stays usable
+                m = {"err": "CHECKSUM", "msg": f"payload of {dlen} bytes does not match its "
+                     "stored CRC32C (corrupted on disk or in transit)"}
         return m, data
 
     def close(self):

@@ -22,12 +22,16 @@ def raise_os(e: rpc.RpcError):
 
 class StorageClient:
     def __init__(self, rpc_client: rpc.Client, mgmtd, deadline_s: float = 60.0,
-                 watch: bool = False):
+                 watch: bool = False, zero_copy: bool = True):
         self.rpc, self.mgmtd, self.deadline_s = rpc_client, mgmtd, deadline_s
+        # zero_copy: replicas send chunk bytes with sendfile and this side checks them against
+        # their stored CRC32C (rpc.FileSlice); a mismatch is read again through the verifying
+        # path on the same replica, which then repairs its copy from another one
+        self.zero_copy = bool(zero_copy)
         self.routing = Routing()
         self._rlock = threading.Lock()
         self._last_refresh = 0.0
-        self.stats = {"retries": 0, "refreshes": 0, "pushes": 0}
+        self.stats = {"retries": 0, "refreshes": 0, "pushes": 0, "crc_retries": 0}
         self._stop = threading.Event()
         self.refresh(force=True)
         if watch:
@@ -112,6 +116,36 @@ class StorageClient:
                                                  "truncate_to": truncate_to}, data)[0]
         return self._retry(f"write chunk {cid.hex()}", op)
 
+    def start_write(self, chain_id: int, cid: bytes, offset: int, data):
+        """Send a write to the chain head and return its rpc.Pending without waiting for the
+        ack (write-behind); None when the head is not known now (then write_chunk)."""
+        c = self.routing.chain(chain_id)
+        wl = Routing.write_list(c) if c else []
+        addr = self.routing.addr_of(wl[0]["id"]) if wl else None
+        if addr is None:
+            return None
+        try:
+            return self.rpc.start(addr, "write", {"chain": chain_id, "chain_ver": c["ver"],
+                                                  "chunk": cid.hex(), "offset": offset,
+                                                  "truncate_to": -1}, data)
+        except ConnectionError:
+            return None
+
+    def finish_write(self, pending, chain_id: int, cid: bytes, offset: int, data) -> dict:
+        """Take the ack of a started write; if it failed in a retryable way (chain change,
+        unreachable head, ...), write it again the usual way (write_chunk: retries until the
+        deadline). Writing the same bytes twice leaves the same content."""
+        try:
+            return pending.finish()[0]
+        except rpc.RpcError as e:
+            if e.code not in RETRY_CODES:
+                raise_os(e)
+        except ConnectionError as e:
+            if isinstance(e, rpc.AuthError):
+                raise
+        self.stats["retries"] += 1
+        return self.write_chunk(chain_id, cid, offset, data)
+
     def read_chunk(self, chain_id: int, cid: bytes, offset: int, length: int, into=None):
         """Committed bytes of a chunk (b'' when it does not exist). With `into` (a writable
         buffer of >= length bytes) the bytes land there and their count is returned."""
@@ -129,10 +163,19 @@ class StorageClient:
                 addr = self.routing.addr_of(t["id"])
                 if addr is None:
                     continue
+                args = {"chain": chain_id, "chain_ver": c["ver"], "chunk": cid.hex(),
+                        "offset": offset, "length": length}
                 try:
-                    res, d = self.rpc.call(addr, "read", {"chain": chain_id, "chain_ver": c["ver"],
-                                                          "chunk": cid.hex(), "offset": offset,
-                                                          "length": length}, into=into)
+                    try:
+                        res, d = self.rpc.call(addr, "read", {**args, "zc": self.zero_copy},
+                                               into=into)
+                    except rpc.RpcError as e:
+                        if e.code != "CHECKSUM" or not self.zero_copy:
+                            raise
+                        # the bytes did not match their CRC: read them again verified by the
+                        # replica, which detects a bad copy on its disk and repairs it
+                        self.stats["crc_retries"] += 1
+                        res, d = self.rpc.call(addr, "read", args, into=into)
                     if into is not None:
                         return 0 if d is None else d.nbytes
                     return bytes(d) if d is not None else b""
@@ -160,7 +203,7 @@ class StorageClient:
         try:
             return self.rpc.start(addr, "read", {"chain": chain_id, "chain_ver": c["ver"],
                                                  "chunk": cid.hex(), "offset": offset,
-                                                 "length": length}), length
+                                                 "length": length, "zc": self.zero_copy}), length
         except ConnectionError:
             return None
 
