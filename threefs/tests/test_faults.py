@@ -143,8 +143,8 @@ def test_crashed_client_sessions_expire(tmp_path):
         prog = f"""
 import os, threefs
 fs = threefs.Client({c.mgmtd_addrs!r}, {c.secret!r}, uid=0, gid=0)
-a = fs.open("/crashlen", "wb"); a.write(b"x" * 1_500_000)
-b = fs.open("/orphan", "wb"); b.write(os.urandom(2_500_000))
+a = fs.open("/crashlen", "wb"); a.pwrite(b"x" * 1_500_000, 0)  # acknowledged (File.write
+b = fs.open("/orphan", "wb"); b.pwrite(os.urandom(2_500_000), 0)  # is write-behind)
 print("ready", flush=True)
 import time; time.sleep(3)  # the renewer keeps both sessions alive meanwhile
 os.kill(os.getpid(), 9)     # crash without closing

@@ -112,14 +112,17 @@ class RpcError(Exception):
 
 
 def _mac(key: bytes, header: bytes, meta: bytes, data_parts, flags: int = 0) -> bytes:
-    h = hmac.new(key, header, hashlib.sha256)
-    h.update(meta)
-    if flags & FLAG_GMAC and data_parts:
+    if not data_parts:  # one-shot HMAC (C fast path) over header + meta
+        return hmac.digest(key, bytes(header) + bytes(meta), "sha256")[:MAC_LEN]
+    if flags & FLAG_GMAC:
         # AES-128-GMAC (GCM with the payload as associated data) under a per-connection key;
         # the nonce is the header's kind + sequence number, so it never repeats for one key
         data = data_parts[0] if len(data_parts) == 1 else b"".join(data_parts)
-        h.update(_gmac_for(key).encrypt(header[3:12] + b"\0\0\0", b"", data))
-    elif flags & FLAG_POLY1305 and data_parts:
+        tag = _gmac_for(key).encrypt(header[3:12] + b"\0\0\0", b"", data)
+        return hmac.digest(key, bytes(header) + bytes(meta) + tag, "sha256")[:MAC_LEN]
+    h = hmac.new(key, header, hashlib.sha256)
+    h.update(meta)
+    if flags & FLAG_POLY1305:
         p = Poly1305(hmac.digest(key, b"otk" + header, "sha256"))
         for part in data_parts:
             p.update(part)
