@@ -170,6 +170,7 @@ def test_small_m_switches(monkeypatch):
     monkeypatch.setenv("DEEPGEMM_SWAP_AB", "0")
     assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).pipe == 0  # off by default
     monkeypatch.setenv("DEEPGEMM_PIPE", "1")
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", "0")  # the pipelined path is the one without the K split
     p = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
     assert p.pipe == 1 and kernels.kernel_source(p).count(f"{p.stages}, 1, 0, 1>(") == 1
     assert kernels.make_config("dense", False, d, None, 7168, 2048, 64, 1).pipe == 0  # BF16
@@ -198,12 +199,13 @@ def test_make_config_switches(monkeypatch):
     import torch
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     cfg = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
-    assert cfg.bm == 64 and cfg.ksplit == 0 and cfg.epi == 1 and cfg.threads == 256  # K split off by default
-    monkeypatch.setenv("DEEPGEMM_KSPLIT", "1")
+    assert cfg.bm == 64 and cfg.ksplit == 1 and cfg.epi == 1 and cfg.threads == 384  # K split on by default
+    assert cfg.stages % 2 == 0  # even depth under the split
+    assert kernels.smem_bytes(True, 2048, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit) <= kernels.SMEM_LIMIT
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", "0")
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", "direct")
-    cfg1 = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
-    assert cfg1.ksplit == 1 and cfg1.epi == 0 and cfg1.threads == 384
-    assert kernels.smem_bytes(True, 2048, cfg1.bm, cfg1.bn, cfg1.stages, cfg1.epi, cfg1.ksplit) <= kernels.SMEM_LIMIT
+    cfg0 = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    assert cfg0.ksplit == 0 and cfg0.epi == 0 and cfg0.threads == 256
     big = kernels.make_config("dense", True, torch.empty(1, 1), torch.empty(1, 1), 7168, 2048, 4096, 1)
     assert big.bm == 128 and big.ksplit == 0 and big.epi == 0 and big.out == 1 and big.ct == 1  # fp32 out: direct
     assert kernels.make_config("dense", False, d, None, 7168, 2048, 64, 1).ksplit == 0  # BF16: no K split

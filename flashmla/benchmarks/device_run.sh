@@ -3,7 +3,7 @@
 #   bash flashmla/benchmarks/device_run.sh OUTDIR        (from the repository root, on a CUDA machine)
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
-# 3. all GPU tests (both kernels); 4. bench_decode.py --kernels default,wgmma, quick table then the
+# 3. all GPU tests (both kernels); 4. bench_decode.py --kernels auto,default, quick table (+ FP8) then the
 # full one until 570 s. Logs and JSON go to OUTDIR. Fits the 600 s limit of one device call.
 set -uo pipefail
 START=$(date +%s); left() { echo $(( 570 - ($(date +%s) - START) )); }   # seconds left of the call
@@ -15,7 +15,7 @@ t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-KERNELS=default,wgmma; SEL=()
+KERNELS=auto,default; SEL=()
 timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
   -k "test_wgmma_matches_default_kernel or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1
 rc=$?; echo "wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke.log"))"
@@ -27,7 +27,7 @@ timeout 120 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider ${SEL[@
 echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
 grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
 # the quick table first (16 shapes, includes h_q = 128), then the full one in the time that is left
-timeout 90 "$PY" flashmla/benchmarks/bench_decode.py --quick --kernels "$KERNELS" --json "$OUT/bench_quick.json" \
+timeout 150 "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --json "$OUT/bench_quick.json" \
   >"$OUT/bench_quick.log" 2>&1
 echo "quick bench: rc=$?"; cat "$OUT/bench_quick.log"
 t=$(left); [ "$t" -gt 30 ] || exit 0

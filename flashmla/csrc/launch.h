@@ -24,6 +24,7 @@ struct DecodeArgs {
   int batch, s_q, h_q;
   float softmax_scale;
   int causal;
+  int p_bf16_min_keys;      // wgmma kernel: requests with at least this many keys round P to bf16
 };
 
 // Returns a CUDA error string, or nullptr on success.

@@ -7,7 +7,9 @@
 //     (KS variant, BM <= 32: the warps split the 36 k-steps instead and sum fp32 partials)
 //   online softmax in fp32 (row max shared through shared memory, exp2 domain)
 //   O += P V  (BM x 512, V = first 512 columns of K)   warp (wm, wn) owns columns wn*CPW..
-//     P enters as two bf16 planes (hi + lo), so P V is accurate to ~2^-16 rather than 2^-9
+//     P enters as two bf16 planes (hi + lo), so P V is accurate to ~2^-16 rather than 2^-9, for
+//     requests shorter than a.p_bf16_min_keys; longer ones (whose error of bf16 P the many keys
+//     sharing the softmax mass keep under the tolerance) as bf16 alone
 // mma.sync m16n8k16 bf16 with fp32 accumulation; operands through ldmatrix from XOR-swizzled shared
 // memory; pages streamed with cp.async into two buffers (load page t+1 while computing page t) and
 // prefetched into L2 three pages ahead. FP8 pages are staged raw and dequantised in shared memory.
@@ -130,6 +132,7 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
     const int g = first + (b - b0);
     if (split && g >= a.batch + a.parts) break;  // inconsistent metadata: never write out of bounds
     const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+    const bool lo = L < a.p_bf16_min_keys;  // P as hi + lo planes, or bf16 alone for long requests
 
     int lim[2];  // keys visible to each of the lane's rows
 #pragma unroll
@@ -379,8 +382,9 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
           const int off = r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2;
           const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
           *reinterpret_cast<__nv_bfloat162*>(sP + off) = hi;
-          *reinterpret_cast<uint32_t*>(sP + C::BM * 128 + off) =
-              pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi));
+          if (lo)
+            *reinterpret_cast<uint32_t*>(sP + C::BM * 128 + off) =
+                pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi));
         }
       }
       __syncthreads();
@@ -390,7 +394,7 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
       for (int ks = 0; ks < PAGE / 16; ++ks) {
         uint32_t af[4], al[4];
         ldsm_x4(af, uP + swz(wm * 16 + (lane & 15), ks * 2 + (lane >> 4), 128));
-        ldsm_x4(al, uPl + swz(wm * 16 + (lane & 15), ks * 2 + (lane >> 4), 128));
+        if (lo) ldsm_x4(al, uPl + swz(wm * 16 + (lane & 15), ks * 2 + (lane >> 4), 128));
 #pragma unroll
         for (int j = 0; j < C::NTO / 2; ++j) {
           uint32_t x[4];
@@ -398,8 +402,10 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
                                  (wn * C::CPW + j * 16) / 8 + (lane >> 4), ROWB));
           mma16816(o[2 * j], af, x[0], x[1]);
           mma16816(o[2 * j + 1], af, x[2], x[3]);
-          mma16816(o[2 * j], al, x[0], x[1]);
-          mma16816(o[2 * j + 1], al, x[2], x[3]);
+          if (lo) {
+            mma16816(o[2 * j], al, x[0], x[1]);
+            mma16816(o[2 * j + 1], al, x[2], x[3]);
+          }
         }
       }
       __syncthreads();
@@ -491,20 +497,28 @@ bool fp8_kernel_built() { return true; }
 static const char* g_last_kernel = "";  // host-side record of the last main kernel launched (tests)
 const char* last_kernel() { return g_last_kernel; }
 
-const char* launch_mla_decode(const DecodeArgs& a, void* stream) {
+const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  DecodeArgs a = args;
   const int m = a.s_q * a.h_q;
   // FLASHMLA_KSPLIT=0 selects the key-split S phase for 16/32-row tiles (the K-split is the default)
   const char* env = getenv("FLASHMLA_KSPLIT");
   const bool ks = !(env && env[0] == '0');
-  // FLASHMLA_KERNEL=wgmma selects the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu) for
-  // the BF16 cache; the FP8 cache always runs the kernel below.
+  // FLASHMLA_KERNEL: unset or 'auto' runs the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu)
+  // for a BF16 cache with at least 32 query rows per request (16 rows waste 3/4 of its 64-row tile:
+  // the mma.sync kernel below is faster there); 'default' or 'wgmma' force one. The FP8 cache, and
+  // tensors TMA cannot address, always run the kernel below.
   const char* kern = getenv("FLASHMLA_KERNEL");
-  if (kern && kern[0] && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0)
-    return "FLASHMLA_KERNEL must be unset, 'default' or 'wgmma'";
+  const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
+  if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0)
+    return "FLASHMLA_KERNEL must be unset, 'auto', 'default' or 'wgmma'";
+  // FLASHMLA_P_BF16_MIN_KEYS (wgmma kernel): requests with at least this many keys round P to bf16
+  // before P V, shorter ones keep it exact to ~2^-16 (hi/lo planes, twice the P V work)
+  const char* pk = getenv("FLASHMLA_P_BF16_MIN_KEYS");
+  a.p_bf16_min_keys = pk && pk[0] ? atoi(pk) : 1024;
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, FP8 cache, or tensors TMA cannot address)
-  if (!a.is_fp8 && kern && strcmp(kern, "wgmma") == 0) wg = launch_mla_decode_wgmma(a, stream);
+  if (!a.is_fp8 && (auto_pick ? m >= 32 : strcmp(kern, "wgmma") == 0)) wg = launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (wg >= 0) {
     e = static_cast<cudaError_t>(wg);

@@ -13,7 +13,10 @@
 //   WG2  consumer 1: O[:, 256:512] += P V from the same P (its S work is done by WG1), so WG2's
 //        P V of page t overlaps WG1's S and softmax of page t+1. setmaxnreg.inc to 232 for both.
 // P hi/lo: bf16 P alone misses the 8e-4 absolute tolerance of the tests in 46 of 96 sweep cases
-// (CPU emulation of this kernel's rounding, see BENCHMARKS.md); hi + lo matches fp32 P to ~2^-16.
+// (CPU emulation of this kernel's rounding, see BENCHMARKS.md), all of them requests of few keys:
+// the error of bf16 P shrinks with the number of keys that share the softmax mass. So requests of
+// fewer than a.p_bf16_min_keys keys (1024 by default) send P as two planes, hi = bf16(p) and
+// lo = bf16(p - hi) (~2^-16 of fp32 P; P V runs twice), longer ones as bf16 P, as the original does.
 // Shared memory (226 KiB): Q 72 KiB + 2 x 72 KiB K stages + 8 KiB P_lo. P_hi of page t goes into
 // the RoPE slab (columns 512..575) of page t's stage, which only S reads.
 // V = the first 512 columns of the page, read by wgmma as an MN-major (transposed) B operand.
@@ -23,6 +26,7 @@
 #include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "launch.h"
@@ -183,166 +187,179 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     const Work w = request_work(a, b, b0, k0, b1, k1, first);
     if (w.split && w.g >= a.batch + a.parts) break;  // inconsistent metadata: never write out of bounds
 
-    float o[128];                                // O[64 x 256] of this warpgroup, wgmma C layout
+    // One copy of the request body per P precision (LO: hi + lo planes), so that the wgmma chains
+    // never sit behind a run-time branch on a value ptxas cannot prove warpgroup-uniform (that
+    // serialises every wgmma: ptxas C7520).
+    auto body = [&](auto lo_tag) {
+      constexpr bool LO = decltype(lo_tag)::value;
+      float o[128];                                // O[64 x 256] of this warpgroup, wgmma C layout
 #pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
-    int lim[2];
+      for (int i = 0; i < 128; ++i) o[i] = 0.f;
+      float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+      int lim[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rg = row_base + r_loc[h];
-      lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
-    }
-    const bool has_pages = w.kbeg < w.kend;
-    if (has_pages && ch == 0) mbar_wait(bar_qfull, qn & 1);
-    qn += has_pages;
+      for (int h = 0; h < 2; ++h) {
+        const int rg = row_base + r_loc[h];
+        lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
+      }
+      const bool has_pages = w.kbeg < w.kend;
+      if (has_pages && ch == 0) mbar_wait(bar_qfull, qn & 1);
+      qn += has_pages;
 
-    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
-      const int s = it & 1;
-      const uint32_t uKs = uK + s * TILE, uPhi = uKs + 8 * SLAB;
-      mbar_wait(uBar + 8 * s, (it >> 1) & 1);
-      if (ch == 0) {
-        // ---- S = Q K^T: 36 k-steps of 16 over the 9 slabs
-        float sacc[32];
+      for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+        const int s = it & 1;
+        const uint32_t uKs = uK + s * TILE, uPhi = uKs + 8 * SLAB;
+        mbar_wait(uBar + 8 * s, (it >> 1) & 1);
+        if (ch == 0) {
+          // ---- S = Q K^T: 36 k-steps of 16 over the 9 slabs
+          float sacc[32];
 #pragma unroll
-        for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
-        fence_regs(sacc);
+          for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+          fence_regs(sacc);
+          wgmma_fence();
+          const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
+#pragma unroll
+          for (int kk = 0; kk < D_QK / 16; ++kk) {
+            const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
+            wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+          }
+          wgmma_commit();
+          wgmma_wait0();
+          fence_regs(sacc);
+          if (blk == w.kend - 1) mbar_arrive(bar_qempty);
+
+          // ---- mask, exp2-domain scale, row max over the 4 lanes of a row
+          const int key0 = blk * PAGE + 2 * cq;
+          float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+              sacc[i * 4 + e] = v;
+              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+          float alpha[2], muse[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float mn = fmaxf(mrow[h], mx[h]);
+            muse[h] = mn == NEG_INF ? 0.f : mn;
+            alpha[h] = exp2f(mrow[h] - muse[h]);
+            mrow[h] = mn;
+            lrow[h] *= alpha[h];
+          }
+          // rows past the request's length hold arbitrary data: zero them in the V slabs
+          if (blk == w.nb - 1 && (w.L & (PAGE - 1))) {
+            const int valid = w.L & (PAGE - 1);
+            for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
+              const int r = (idx >> 3) & 63;
+              if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
+            }
+          }
+          if (it > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo and alpha of page it-1
+          // ---- P = exp2(S - m) as bf16 hi/lo planes in 128B-swizzled K-major slabs
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float p0 = exp2f(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2f(sacc[i * 4 + 2 * h + 1] - muse[h]);
+              lrow[h] += p0 + p1;
+              const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+              const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
+              st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+              if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+            }
+          if (cq == 0) {
+            sAlpha[r_loc[0]] = alpha[0];
+            sAlpha[r_loc[1]] = alpha[1];
+          }
+          fence_async_smem();
+          bar_sync(BAR_P_FULL, 256);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[j * 4 + 0] *= alpha[0];
+            o[j * 4 + 1] *= alpha[0];
+            o[j * 4 + 2] *= alpha[1];
+            o[j * 4 + 3] *= alpha[1];
+          }
+        } else {
+          bar_sync(BAR_P_FULL, 256);
+          const float al0 = sAlpha[r_loc[0]], al1 = sAlpha[r_loc[1]];
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[j * 4 + 0] *= al0;
+            o[j * 4 + 1] *= al0;
+            o[j * 4 + 2] *= al1;
+            o[j * 4 + 3] *= al1;
+          }
+        }
+        // ---- O[:, ch*256 ..] += (P_hi + P_lo) V, V slabs 4*ch .. 4*ch+3 as MN-major B
+        fence_regs(o);
         wgmma_fence();
-        const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
+        const uint64_t dv = desc_mnmajor(uKs + ch * 4 * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
+        if (LO) {
 #pragma unroll
-        for (int kk = 0; kk < D_QK / 16; ++kk) {
-          const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
-          wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+          for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
+            wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
+            wgmma_m64n256k16_tb(o, dlo + ks * 2, dv + ks * 128, 1);
+          }
+        } else {
+#pragma unroll
+          for (int ks = 0; ks < PAGE / 16; ++ks) wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
         }
         wgmma_commit();
         wgmma_wait0();
-        fence_regs(sacc);
-        if (blk == w.kend - 1) mbar_arrive(bar_qempty);
+        fence_regs(o);
+        if (ch == 1) bar_arrive(BAR_P_EMPTY, 256);
+        mbar_arrive(uBar + 16 + 8 * s);
+      }
 
-        // ---- mask, exp2-domain scale, row max over the 4 lanes of a row
-        const int key0 = blk * PAGE + 2 * cq;
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
-            sacc[i * 4 + e] = v;
-            mx[e >> 1] = fmaxf(mx[e >> 1], v);
-          }
-        float alpha[2], muse[2];
+      // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory
+      float inv[2] = {0.f, 0.f};
+      if (ch == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float mn = fmaxf(mrow[h], mx[h]);
-          muse[h] = mn == NEG_INF ? 0.f : mn;
-          alpha[h] = exp2f(mrow[h] - muse[h]);
-          mrow[h] = mn;
-          lrow[h] *= alpha[h];
+          lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
+          lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 2);
+          inv[h] = lrow[h] > 0.f ? 1.f / lrow[h] : 0.f;
+          if (has_pages && cq == 0) sInv[(rq & 1) * BM + r_loc[h]] = inv[h];
         }
-        // rows past the request's length hold arbitrary data: zero them in the V slabs
-        if (blk == w.nb - 1 && (w.L & (PAGE - 1))) {
-          const int valid = w.L & (PAGE - 1);
-          for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
-            const int r = (idx >> 3) & 63;
-            if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
-          }
-        }
-        if (it > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo and alpha of page it-1
-        // ---- P = exp2(S - m) as bf16 hi/lo planes in 128B-swizzled K-major slabs
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float p0 = exp2f(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2f(sacc[i * 4 + 2 * h + 1] - muse[h]);
-            lrow[h] += p0 + p1;
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-            const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
-            st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
-            st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
-          }
-        if (cq == 0) {
-          sAlpha[r_loc[0]] = alpha[0];
-          sAlpha[r_loc[1]] = alpha[1];
-        }
-        fence_async_smem();
-        bar_sync(BAR_P_FULL, 256);
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[j * 4 + 0] *= alpha[0];
-          o[j * 4 + 1] *= alpha[0];
-          o[j * 4 + 2] *= alpha[1];
-          o[j * 4 + 3] *= alpha[1];
-        }
-      } else {
-        bar_sync(BAR_P_FULL, 256);
-        const float al0 = sAlpha[r_loc[0]], al1 = sAlpha[r_loc[1]];
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[j * 4 + 0] *= al0;
-          o[j * 4 + 1] *= al0;
-          o[j * 4 + 2] *= al1;
-          o[j * 4 + 3] *= al1;
-        }
+        if (has_pages) bar_arrive(BAR_EPI, 256);
+      } else if (has_pages) {
+        bar_sync(BAR_EPI, 256);
+        inv[0] = sInv[(rq & 1) * BM + r_loc[0]];
+        inv[1] = sInv[(rq & 1) * BM + r_loc[1]];
       }
-      // ---- O[:, ch*256 ..] += (P_hi + P_lo) V, V slabs 4*ch .. 4*ch+3 as MN-major B
-      fence_regs(o);
-      wgmma_fence();
-      const uint64_t dv = desc_mnmajor(uKs + ch * 4 * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
-#pragma unroll
-      for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
-        wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
-        wgmma_m64n256k16_tb(o, dlo + ks * 2, dv + ks * 128, 1);
-      }
-      wgmma_commit();
-      wgmma_wait0();
-      fence_regs(o);
-      if (ch == 1) bar_arrive(BAR_P_EMPTY, 256);
-      mbar_arrive(uBar + 16 + 8 * s);
-    }
-
-    // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory
-    float inv[2] = {0.f, 0.f};
-    if (ch == 0) {
+      rq += has_pages;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
-        lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 2);
-        inv[h] = lrow[h] > 0.f ? 1.f / lrow[h] : 0.f;
-        if (has_pages && cq == 0) sInv[(rq & 1) * BM + r_loc[h]] = inv[h];
-      }
-      if (has_pages) bar_arrive(BAR_EPI, 256);
-    } else if (has_pages) {
-      bar_sync(BAR_EPI, 256);
-      inv[0] = sInv[(rq & 1) * BM + r_loc[0]];
-      inv[1] = sInv[(rq & 1) * BM + r_loc[1]];
-    }
-    rq += has_pages;
+        const int rg = row_base + r_loc[h];
+        if (rg >= m) continue;
+        const int col0 = ch * 256 + 2 * cq;
+        if (!w.split) {
+          __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rg = row_base + r_loc[h];
-      if (rg >= m) continue;
-      const int col0 = ch * 256 + 2 * cq;
-      if (!w.split) {
-        __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<uint32_t*>(orow + j * 8) = pack_bf16(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+        } else {
+          float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
 #pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<uint32_t*>(orow + j * 8) = pack_bf16(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
-      } else {
-        float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          *reinterpret_cast<float2*>(orow + j * 8) = make_float2(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<float2*>(orow + j * 8) = make_float2(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+        }
+        if (ch == 0 && cq == 0) {
+          const bool empty = !(lrow[h] > 0.f);
+          const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lrow[h])) * LN2;
+          const int i = rg / a.h_q, hh = rg - i * a.h_q;
+          if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+          else a.lacc[(int64_t)w.g * m + rg] = lse;
+        }
       }
-      if (ch == 0 && cq == 0) {
-        const bool empty = !(lrow[h] > 0.f);
-        const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lrow[h])) * LN2;
-        const int i = rg / a.h_q, hh = rg - i * a.h_q;
-        if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
-        else a.lacc[(int64_t)w.g * m + rg] = lse;
-      }
-    }
+    };
+    if (w.L < a.p_bf16_min_keys) body(std::true_type{});  // short request: exact P
+    else body(std::false_type{});
   }
   // balance the barrier: WG2 arrived on P_EMPTY after every page, WG1 synced before all but the first
   if (ch == 0 && it > 0) bar_sync(BAR_P_EMPTY, 256);

@@ -15,6 +15,7 @@ DEV = "cuda"
 
 
 KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values; FP8 caches run the default kernel under both
+# (unset or "auto" picks one of the two per call: test_auto_kernel_choice)
 
 
 @pytest.fixture(params=KERNELS)
@@ -49,8 +50,10 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     s_q, h_q = q.shape[1], q.shape[2]
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
-    # the variant that actually ran: wgmma when selected for a BF16 cache, else the default kernel
-    want = "wgmma" if os.environ.get("FLASHMLA_KERNEL") == "wgmma" and not fp8 else "default"
+    # the variant that actually ran: wgmma when selected (or, under auto, for >= 32 query rows) for a
+    # BF16 cache, else the default kernel
+    sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
+    want = "wgmma" if not fp8 and (sel == "wgmma" or (sel == "auto" and s_q * h_q >= 32)) else "default"
     assert flashmla.api._C.last_kernel() == want
     return res
 
@@ -211,3 +214,41 @@ def test_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
     fin = torch.isfinite(l1)
     assert ((l1[fin] - l2[fin]).abs() / l1[fin].abs().clamp_min(1.0)).max() < 2e-5
+
+
+@pytest.mark.parametrize("h_q,s_q,fp8", [(16, 1, False), (16, 2, False), (32, 1, False), (128, 2, False),
+                                         (64, 1, True)])
+def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
+    """Without FLASHMLA_KERNEL the launcher picks wgmma for a BF16 cache with >= 32 query rows per
+    request and the default kernel otherwise (run() asserts which ran); results meet the tolerances."""
+    need_kernel()
+    monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
+    lens = [4097, 0, 63, 1025, 1]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q * s_q)
+    kv = flashmla.quantize_kvcache(kc) if fp8 else kc
+    out, lse = run(q, kv, bt, sl, causal=s_q > 1, fp8=fp8)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(kv) if fp8 else kc, bt, sl, 512, causal=s_q > 1)
+    check(out, lse, ro, rl)
+
+
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_p_rounding_threshold(kernel_name, monkeypatch):
+    """FLASHMLA_P_BF16_MIN_KEYS moves the switch between exact (hi/lo) and bf16 P: a huge threshold
+    keeps P exact for every request (full tolerances at all lengths); 0 rounds P to bf16 everywhere,
+    which changes the output of short requests (so the switch works) by no more than bf16 rounding
+    of P can (cosine > 1 - 1e-5, 4e-3 abs + 2e-2 rel)."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", kernel_name)
+    lens = [4097, 63, 1024, 0, 65, 1023]
+    q, kc, bt, sl = make_inputs(len(lens), lens, 64, 1, device=DEV, seed=7)
+    ro, rl = flashmla.mla_decode_ref(q, kc, bt, sl, 512)
+    monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "1000000000")
+    exact, lse = run(q, kc, bt, sl)
+    check(exact, lse, ro, rl)
+    monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "0")
+    rounded, lse2 = run(q, kc, bt, sl)
+    assert not torch.equal(rounded[1:3], exact[1:3])
+    torch.testing.assert_close(rounded.float(), ro, atol=4e-3, rtol=2e-2)
+    cos = torch.nn.functional.cosine_similarity(rounded.float().flatten(), ro.flatten(), dim=0)
+    assert cos > 1 - 1e-5
+    assert torch.equal(torch.isinf(lse2), torch.isinf(rl))

@@ -19,8 +19,10 @@ from . import compiler, runtime
 
 EPILOGUE_DEFAULT = "staged"  # DEEPGEMM_EPILOGUE=direct|staged overrides (BF16 output only)
 # FP8 with BM = 64: split K between two consumer warpgroups; DEEPGEMM_KSPLIT=0|1 overrides.
-# Off by default: the split path failed intermittently under CUDA-graph replay (scripts/repro_masked.py).
-KSPLIT_DEFAULT = "0"
+# On by default since the pipeline depth under the split is even (max_stages): with an odd depth the
+# two warpgroups' mbarrier phases aliased and CUDA-graph replays failed (scripts/repro_masked.py,
+# H200 2026-11-29: even depths 0/200 replays wrong, odd-depth controls fail).
+KSPLIT_DEFAULT = "1"
 # FP8 block N at M <= 128: "fill" (any multiple of 8: a tile on nearly every SM; the measured default)
 # or "pow2" (16/32/64/128: fewer, wider tiles, as in run 1); DEEPGEMM_SMALL_M_BN=fill|pow2 overrides.
 SMALL_M_BN_DEFAULT = "fill"
@@ -68,7 +70,7 @@ class Config:
 def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0, swap: int = 0) -> int:
     """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh (SwapPlan in sm90_gemm_swap.cuh for swap)."""
     if swap:
-        return 1024 + stages * (bm * 128 + 64 * 128 + bm * 4) + 16 * stages
+        return 1024 + stages * (bm * 128 + 64 * 128 + 128) + 16 * stages  # A's scales padded to 128 B
     sfa = bm * 4 if fp8 else 0
     staging = (bm // 64) * 64 * (bn * 2 + 16) if epi else 0
     red = 128 * (bn // 2) * 4 if ksplit else 0

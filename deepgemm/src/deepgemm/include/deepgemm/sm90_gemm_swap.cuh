@@ -13,7 +13,9 @@ namespace dg {
 
 template <bool FP8, int K, int BMS, int STAGES>
 struct SwapPlan {
-  static constexpr int kABytes = BMS * 128, kBBytes = 64 * 128, kSFABytes = BMS * 4;
+  // A's scales take BMS * 4 (32 or 64) bytes a stage, padded to 128: a TMA destination in shared
+  // memory must be 128-byte aligned (unpadded, every odd stage faulted: misaligned address)
+  static constexpr int kABytes = BMS * 128, kBBytes = 64 * 128, kSFABytes = 128;
   static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES;
 };
 
