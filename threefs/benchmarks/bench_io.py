@@ -3,6 +3,9 @@ file system underneath (same workload, plain Python os.pread/os.pwrite) and fio.
 
     python threefs/benchmarks/bench_io.py [--size-mib 128] [--procs 1,2,4] [--json out.json]
 
+Each threefs client process first writes and reads an 8 MiB scratch file of its own (outside
+the timed region, like fio's ramp_time: its connections to the storage nodes are set up and their
+TCP windows grown; --no-warm skips it), then waits for the common start.
 Workloads (per row, P client processes, each with its own file; reads use readinto):
   seq-write  1 MiB blocks;  seq-read  1 MiB blocks;  rand-read  4 KiB at random offsets;
   meta create / stat / unlink of empty files (1 process).
@@ -26,11 +29,21 @@ MiB = 1 << 20
 
 
 # --- workers (run in child processes) -------------------------------------------------------------
+WARM_MIB = 8
+
+
 def _tfs_worker(args):
-    kind, mgmtd, secret, path, size, nrand, seed, barrier_t = args
+    kind, mgmtd, secret, path, size, nrand, seed, barrier_t, warm = args
     import threefs
     fs = threefs.Client(mgmtd, secret, uid=0, gid=0, io_threads=1)
     buf = os.urandom(MiB)
+    if warm:  # ramp-up outside the timed region: connections set up, TCP windows grown
+        with fs.open(path + ".warm", "wb") as f:
+            for _ in range(WARM_MIB):
+                f.write(buf)
+        with fs.open(path + ".warm", "rb") as f:
+            while f.readinto(bytearray(MiB)):
+                pass
     while time.time() < barrier_t:
         time.sleep(0.001)
     t = time.perf_counter()
@@ -60,7 +73,7 @@ def _tfs_worker(args):
 
 
 def _local_worker(args):
-    kind, _, _, path, size, nrand, seed, barrier_t = args
+    kind, _, _, path, size, nrand, seed, barrier_t, _ = args
     buf = os.urandom(MiB)
     while time.time() < barrier_t:
         time.sleep(0.001)
@@ -90,10 +103,10 @@ def _local_worker(args):
     return n, time.perf_counter() - t
 
 
-def run_parallel(worker, kind, procs, ctx_args, paths, size, nrand):
+def run_parallel(worker, kind, procs, ctx_args, paths, size, nrand, warm=True):
     mgmtd, secret = ctx_args
-    start = time.time() + 0.5 + 0.2 * procs
-    jobs = [(kind, mgmtd, secret, paths[i], size, nrand, i, start) for i in range(procs)]
+    start = time.time() + 0.5 + 0.3 * procs
+    jobs = [(kind, mgmtd, secret, paths[i], size, nrand, i, start, warm) for i in range(procs)]
     with mp.get_context("fork").Pool(procs) as pool:
         t = time.perf_counter()
         res = pool.map(worker, jobs)
@@ -151,6 +164,8 @@ def main(argv=None):
     ap.add_argument("--fsync", default="none", choices=["none", "data", "full"])
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is kept")
+    ap.add_argument("--no-warm", action="store_true",
+                    help=f"skip each threefs client's {WARM_MIB} MiB ramp-up before the timed region")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from threefs import LocalCluster, __version__
@@ -174,7 +189,7 @@ def main(argv=None):
                     ours_l, peer_l, fio_l, fiod_l = [], [], [], []
                     for _ in range(a.repeat):  # interleaved, so load changes hit all three
                         n, dt = run_parallel(_tfs_worker, kind, p, (cl.mgmtd_addrs, cl.secret),
-                                             tpaths, per, a.rand_reads)
+                                             tpaths, per, a.rand_reads, warm=not a.no_warm)
                         ln, ldt = run_parallel(_local_worker, kind, p, (None, None), lpaths, per,
                                                a.rand_reads)
                         fdir = os.path.join(root, f"fio{p}")
@@ -222,6 +237,7 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"version": __version__, "loadavg_start": load0, "fsync": a.fsync,
+                       "warm_mib": 0 if a.no_warm else WARM_MIB,
                        "size_mib": a.size_mib,
                        "repeat": a.repeat, "cpus": os.cpu_count(),
                        "loadavg_end": os.getloadavg(), "rows": rows}, f, indent=1)

@@ -363,3 +363,26 @@ def test_write_behind_matches_model(fs):
                     assert f.pread(5000, p) == bytes(model[p:p + 5000])
         assert fs.pread(f"/wb/f{window}", len(model) + 10, 0) == bytes(model)
     fs.write_window = 4
+
+
+def test_preconnect_pools_connections_and_arguments_are_checked(cluster):
+    """Client(preconnect=n) opens n authenticated connections to every live storage node in the
+    background; bad values of the new data-path options raise ValueError naming them."""
+    c = cluster.client(uid=0, gid=0, preconnect=2)
+    try:
+        storage = sorted(n["addr"] for n in c.storage.routing.raw["nodes"].values()
+                         if n["type"] == "storage" and n["alive"])
+        assert len(storage) == 3
+        end = time.time() + 10
+        while time.time() < end and not all(len(c.rpc._pool.get(a, [])) >= 2 for a in storage):
+            time.sleep(0.02)
+        assert all(len(c.rpc._pool.get(a, [])) >= 2 for a in storage)
+        with c.open("/pre", "wb") as f:
+            f.write(b"p" * 100)
+        assert c.pread("/pre", 200, 0) == b"p" * 100
+    finally:
+        c.close()
+    for kw in ({"preconnect": -1}, {"preconnect": 17}, {"write_window": 65},
+               {"write_window": True}, {"readahead": 99}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            cluster.client(uid=0, gid=0, **kw)

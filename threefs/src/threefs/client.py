@@ -46,11 +46,15 @@ class Client:
     zero_copy: replicas send chunk bytes with sendfile, checked here against their stored
     CRC32C instead of a payload MAC (False: MACed payloads, see rpc.py for the trade-off);
     write_window: how many chunk writes File.write keeps in flight (write-behind; 0: each
-    write waits for its ack, as pwrite always does; see File.write)."""
+    write waits for its ack, as pwrite always does; see File.write); preconnect: authenticated
+    connections opened to each storage node in the background at construction (0: all on
+    demand), so that the first reads and writes, with readahead or write-behind several at a
+    time, do not each wait for a connection set-up."""
 
     def __init__(self, mgmtd, secret, uid: int | None = None, gid: int | None = None,
                  gids=(), deadline_s: float = 60.0, io_threads: int = 4,
-                 readahead: int = 3, zero_copy: bool = True, write_window: int = 4):
+                 readahead: int = 3, zero_copy: bool = True, write_window: int = 4,
+                 preconnect: int = 4):
         addrs = [mgmtd] if isinstance(mgmtd, str) else list(mgmtd)
         for a in addrs:
             rpc.parse_addr(a)
@@ -70,6 +74,12 @@ class Client:
                 or not 0 <= write_window <= 64:
             raise ValueError(f"write_window must be an int in [0, 64], got {write_window!r}")
         self.write_window = write_window
+        if isinstance(preconnect, bool) or not isinstance(preconnect, int) \
+                or not 0 <= preconnect <= 16:
+            raise ValueError(f"preconnect must be an int in [0, 16], got {preconnect!r}")
+        if preconnect:  # in the background: the constructor does not wait for it
+            threading.Thread(target=self.storage.preconnect, args=(preconnect,), daemon=True,
+                             name="threefs-preconnect").start()
         self._meta_i = random.randrange(1 << 16)
         self._pool = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
         self.max_file_size = None

@@ -451,6 +451,25 @@ class Client:
                 return
         ch.close()
 
+    def preconnect(self, addr: str, n: int) -> int:
+        """Open authenticated connections to addr until n are pooled (a one-time cost of about
+        0.5 ms each here, paid before the first requests need them). Returns how many opened."""
+        opened = 0
+        while True:
+            with self._lock:
+                if len(self._pool.get(addr, [])) >= min(n, 16):
+                    return opened
+            host, port = parse_addr(addr)
+            s = socket.create_connection((host, port), timeout=self.connect_timeout)
+            tune_socket(s)
+            try:
+                ch = Channel(s, *client_handshake(s, self.secret, self.flags))
+            except BaseException:
+                s.close()
+                raise
+            self._put(addr, ch)
+            opened += 1
+
     def call(self, addr: str, method: str, args: dict | None = None, data=None,
              timeout: float | None = None, into=None):
         """Returns (result dict, data bytearray|None); raises RpcError or ConnectionError.

@@ -56,6 +56,18 @@ class StorageClient:
     def close(self):
         self._stop.set()
 
+    def preconnect(self, per_node: int) -> int:
+        """Pool per_node connections to every live storage node (see Client(preconnect=))."""
+        addrs = sorted(n["addr"] for n in self.routing.raw["nodes"].values()
+                       if n.get("type") == "storage" and n.get("alive"))
+        opened = 0
+        for a in addrs:
+            try:
+                opened += self.rpc.preconnect(a, per_node)
+            except (OSError, ConnectionError):
+                pass  # a node that is down: connected on demand later
+        return opened
+
     def refresh(self, force: bool = False):
         with self._rlock:
             if not force and time.time() - self._last_refresh < 0.05:
