@@ -199,7 +199,7 @@ def test_swap_ab_dense(m, nk, swap, monkeypatch):
     FP32 out with C; FP8 out); N = 1000 ends on a partial 64-row tile."""
     monkeypatch.setenv("DEEPGEMM_SWAP_AB", swap)
     n, k = nk
-    x, y = _rand((m, k), 20 + m), _rand((n, k), 21)
+    x, y = _rand((m, k), 20 + m), _rand((n, k), 121)  # distinct seeds: row 0 of B must not equal A's row
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
     r = torch.empty(m, n, device=DEV)
     ref.ref_gemm_nt(*a, *b, r)
@@ -212,7 +212,7 @@ def test_swap_ab_dense(m, nk, swap, monkeypatch):
     _check(d32, r + c)
     d8 = poisoned((m, n), torch.float8_e4m3fn, DEV)
     dg.fp8_gemm_nt(a, b, d8)
-    assert dg.calc_diff(d8.float(), r) < 2e-3
+    assert dg.calc_diff(d8.float(), r.clamp(-448, 448)) < 2e-3  # FP8 output saturates at the e4m3 range
 
 
 @pytest.mark.parametrize("swap", ["1", "2"])

@@ -111,8 +111,8 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
       sb_next = *(kb + 1 < KB ? sfb_row + kb + 1 : nrow);  // nrow == sfb_row after the last tile
 #pragma unroll
       for (int j = 0; j < BMS / 8; ++j) {  // sfa * sfb for this thread's columns (lane % 4) * 2 + 8j + {0, 1}
-        sc[2 * j] = sfa_smem[s * BMS + j * 8 + (lane % 4) * 2] * sb;
-        sc[2 * j + 1] = sfa_smem[s * BMS + j * 8 + (lane % 4) * 2 + 1] * sb;
+        sc[2 * j] = sfa_smem[s * (SFA_BYTES / 4) + j * 8 + (lane % 4) * 2] * sb;
+        sc[2 * j + 1] = sfa_smem[s * (SFA_BYTES / 4) + j * 8 + (lane % 4) * 2 + 1] * sb;
       }
       const u32 a_addr = sB + s * B_BYTES, b_addr = sA + s * A_BYTES;  // WGMMA's A is our B and vice versa
       fence_regs(tt);
