@@ -20,7 +20,7 @@ if [ "$MODE" = full ] || [ "$MODE" = repro ]; then
   echo "repro exit: ${PIPESTATUS[0]}"
 fi
 if [ "$MODE" != tests ] && [ "$MODE" != repro ]; then
-  BARGS=$([ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1" || echo "--quick")
+  BARGS=$([ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick")
   timeout ${BENCH_TIMEOUT:-300} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
 fi
 python3 - <<'PY' > $OUT/compiles.txt

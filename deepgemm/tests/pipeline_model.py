@@ -125,3 +125,65 @@ def find_violation(stages: int, kb: int, tiles: int, ksplit: int, runs: int = 20
         if v:
             return v
     return []
+
+
+def simulate_mcast(stages: int, kb: int, tiles: int, nwg: int, seed: int, in_order_tma: bool = False,
+                   remote_release: bool = True) -> list[str]:
+    """MCAST = 1: a cluster of two CTAs computing `tiles` tile pairs of `kb` K blocks. Each CTA's
+    producer waits on its own empty barrier, arms its own full barrier for its A part and both halves of
+    B, loads its A and multicasts its half of B into both CTAs. Each of the `nwg` consumer warpgroups of
+    a CTA reads every fill and releases it on its own empty barrier and (remote_release) on the peer's;
+    the empty barriers count 2·nwg arrivals (nwg without remote_release, the broken variant). A read
+    checks that the stage holds this fill's A and both B halves ("early read" otherwise, which also
+    catches a peer's multicast overwriting a stage still in use). Both CTAs leave through a cluster
+    barrier, so the run ends when every thread of both is done."""
+    rng = random.Random(seed)
+    count = 2 * nwg if remote_release else nwg
+    full = [[MBarrier(1) for _ in range(stages)] for _ in range(2)]
+    empty = [[MBarrier(count) for _ in range(stages)] for _ in range(2)]
+    landed = [[[-1, -1, -1] for _ in range(stages)] for _ in range(2)]  # [cta][stage][A, B half 0, B half 1]
+    in_flight: list[tuple[int, int, int]] = []  # (destination cta, part, fill)
+    total = tiles * kb
+    prod = [0, 0]
+    pc = [[0] * nwg for _ in range(2)]
+    viol: list[str] = []
+    while True:
+        actions = []
+        for c in range(2):
+            i = prod[c]
+            if i < total and empty[c][i % stages].passes(((i // stages) & 1) ^ 1):
+                actions.append(("produce", c, 0))
+            for w in range(nwg):
+                i = pc[c][w]
+                if i < total and full[c][i % stages].passes((i // stages) & 1):
+                    actions.append(("consume", c, w))
+        if in_flight:
+            actions.append(("land", 0, 0))
+        if not actions:
+            break
+        kind, c, w = rng.choice(actions)
+        if kind == "produce":
+            i = prod[c]
+            if not full[c][i % stages].arrive(tx=3):
+                viol.append(f"over-arrival on full[{c}][{i % stages}] by fill {i}")
+            in_flight += [(c, 0, i), (0, 1 + c, i), (1, 1 + c, i)]  # own A; B half c into both CTAs
+            prod[c] += 1
+        elif kind == "land":
+            dst, part, i = in_flight.pop(0 if in_order_tma else rng.randrange(len(in_flight)))
+            landed[dst][i % stages][part] = i
+            full[dst][i % stages].complete_tx(1)
+        else:
+            i = pc[c][w]
+            s = i % stages
+            if landed[c][s] != [i, i, i]:
+                viol.append(f"early read: cta {c} warpgroup {w} read fill {i} from stage {s} holding {landed[c][s]}")
+            if not empty[c][s].arrive():
+                viol.append(f"over-arrival on empty[{c}][{s}] (fill {i})")
+            if remote_release and not empty[1 - c][s].arrive():
+                viol.append(f"over-arrival on empty[{1 - c}][{s}] from cta {c} (fill {i})")
+            pc[c][w] += 1
+    if prod != [total, total] or any(p < total for row in pc for p in row):
+        viol.append(f"deadlock: producers at {prod}/{total}, consumers at {pc}")
+    if in_flight:
+        viol.append(f"exit with TMA in flight: {in_flight}")
+    return viol

@@ -316,3 +316,56 @@ def test_epilogues_and_block_sizes(epi, num_sms, ksplit, monkeypatch):
             _check_fp8_with_c(m, n, k, m, n)
     finally:
         dg.set_num_sms(old)
+
+
+@pytest.mark.parametrize("epi", ["staged", "direct"])
+def test_multicast_dense(epi, monkeypatch):
+    """DEEPGEMM_MULTICAST=1: 2-CTA clusters sharing B through TMA multicast (dense, BM = 128, an even
+    number of M blocks): FP8 with BF16 / FP32 (+ C) / FP8 output, BF16 GEMM, a partial last N tile
+    (N = 2112), a graph replay; an odd number of M blocks falls back to the plain kernel."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
+    for m, n, k in [(4096, 7168, 2048), (4096, 2112, 7168), (2000, 4096, 512)]:
+        x, y = _rand((m, k), m + n), _rand((n, k), k + 3)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        assert kernels.make_config("dense", True, d, None, n, k, m, 1).mcast == 1
+        dg.fp8_gemm_nt(a, b, d)
+        r = torch.empty(m, n, device=DEV)
+        ref.ref_gemm_nt(*a, *b, r)
+        _check(d, r, x.float() @ y.float().t())
+        c = torch.randn(m, n, device=DEV)
+        d32 = poisoned((m, n), torch.float32, DEV)
+        dg.fp8_gemm_nt(a, b, d32, c=c)
+        _check(d32, r + c)
+        d8 = poisoned((m, n), torch.float8_e4m3fn, DEV)
+        dg.fp8_gemm_nt(a, b, d8)
+        assert dg.calc_diff(d8.float(), r.clamp(-448, 448)) < 2e-3
+        db = poisoned((m, n), torch.bfloat16, DEV)
+        assert kernels.make_config("dense", False, db, None, n, k, m, 1).mcast == 1
+        dg.bf16_gemm_nt(x, y, db)
+        _check(db, x.float() @ y.float().t())
+    m, n, k = 4096, 4096, 7168  # graph replays: bit-identical to the eager result
+    x, y = _rand((m, k), 5), _rand((n, k), 6)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, d)
+    eager = d.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dg.fp8_gemm_nt(a, b, d)
+    for _ in range(20):
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(d, eager)
+    m = 3900  # 31 M blocks: no multicast
+    x = _rand((m, k), 7)
+    a = dg.per_token_cast_to_fp8(x)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    assert kernels.make_config("dense", True, d, None, n, k, m, 1).mcast == 0
+    dg.fp8_gemm_nt(a, b, d)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    _check(d, r)

@@ -209,3 +209,25 @@ def test_make_config_switches(monkeypatch):
     big = kernels.make_config("dense", True, torch.empty(1, 1), torch.empty(1, 1), 7168, 2048, 4096, 1)
     assert big.bm == 128 and big.ksplit == 0 and big.epi == 0 and big.out == 1 and big.ct == 1  # fp32 out: direct
     assert kernels.make_config("dense", False, d, None, 7168, 2048, 64, 1).ksplit == 0  # BF16: no K split
+
+
+def test_multicast_switch(monkeypatch):
+    """DEEPGEMM_MULTICAST=1 clusters dense BM = 128 tiles in pairs (even M blocks only); the source gets
+    __cluster_dims__ and the MCAST template argument; other layouts, odd M blocks, BM = 64 stay plain."""
+    import torch
+    d = torch.empty(1, 1, dtype=torch.bfloat16)
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1).mcast == 0  # off by default
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    cfg = kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)
+    src = kernels.kernel_source(cfg)
+    assert cfg.mcast == 1 and cfg.bm == 128 and "__cluster_dims__(2, 1, 1)" in src
+    assert f"{cfg.stages}, {cfg.epi}, 0, 0, 1>(" in src
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 3900, 1).mcast == 0  # 31 M blocks
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).mcast == 0  # BM = 64
+    assert kernels.make_config("contiguous", True, d, None, 4096, 7168, 8192, 4).mcast == 0
+    assert kernels.make_config("masked", True, d, None, 4096, 7168, 256, 32).mcast == 0
+    assert kernels.make_config("dense", False, d, None, 4096, 7168, 4096, 1).mcast == 1  # BF16 too
+    assert "__cluster_dims__" not in kernels.kernel_source(kernels.make_config("dense", True, d, None, 7168, 2048, 3900, 1))
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "2")
+    with pytest.raises(ValueError, match="DEEPGEMM_MULTICAST"):
+        kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)

@@ -34,6 +34,9 @@ SWAP_MAX_M = 16
 # FP8 without the K split: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1 overrides.
 # Off by default: compile-checked, not yet measured.
 PIPE_DEFAULT = "0"
+# Dense, BM = 128: 2-CTA clusters along M share each B tile through TMA multicast (3/4 of the L2->SM
+# bytes); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: compile-checked, not yet measured.
+MULTICAST_DEFAULT = "0"
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -59,6 +62,7 @@ class Config:
     ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
     swap: int = 0  # 1 / 2 (FP8, M <= 16): swap-AB kernel (2: pipelined); bm = rows of A per tile (8 / 16), bn = 64
     pipe: int = 0  # 1 (FP8, no K split): two K blocks in flight per consumer warpgroup
+    mcast: int = 0  # 1 (dense, BM = 128, even M blocks): 2-CTA clusters multicasting B
 
     @property
     def threads(self) -> int:
@@ -141,12 +145,14 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_KSPLIT", KSPLIT_DEFAULT),
                         os.environ.get("DEEPGEMM_SMALL_M_BN", SMALL_M_BN_DEFAULT),
                         os.environ.get("DEEPGEMM_SWAP_AB", SWAP_AB_DEFAULT),
-                        os.environ.get("DEEPGEMM_PIPE", PIPE_DEFAULT))
+                        os.environ.get("DEEPGEMM_PIPE", PIPE_DEFAULT),
+                        os.environ.get("DEEPGEMM_MULTICAST", MULTICAST_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
-                 small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT) -> Config:
+                 small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
+                 mcast_env=MULTICAST_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
@@ -162,7 +168,13 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
     if pipe_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PIPE: expected 0 or 1, got {pipe_env!r}")
     pipe = int(fp8 and not ksplit and pipe_env == "1")
-    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe)
+    if mcast_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
+    # the two CTAs of a cluster take M blocks 2p and 2p + 1: an even count, and a grid of >= 2 CTAs
+    mcast = int(mcast_env == "1" and kind == "dense" and bm == 128 and not ksplit and not pipe and bn % 16 == 0
+                and ceil_div(m_hint, bm) % 2 == 0 and num_sms >= 2)
+    return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe,
+                  mcast)
 
 
 # source generation
@@ -195,14 +207,16 @@ def kernel_source(cfg: Config) -> str:
     else:
         body = "gemm_body"
         args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
-                f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}" + (", 1" if cfg.pipe else ""))
+                f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}"
+                + (f", {cfg.pipe}, 1" if cfg.mcast else ", 1" if cfg.pipe else ""))
         headers = compiler.read_header()
         mma_n = cfg.bn
     return (
         f"// deepgemm kernel {asdict(cfg)}\n"
         + headers
         + "\n" + wgmma_specialisation(mma_n, cfg.fp8)
-        + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1) deepgemm_kernel(\n'
+        + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1)'
+        + (" __cluster_dims__(2, 1, 1)" if cfg.mcast else "") + " deepgemm_kernel(\n"
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c,\n"
         "    const int* grouped, int M, int num_groups, int a_box_rows, int sfa_box) {\n"
@@ -258,7 +272,9 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
     a_box = min(cfg.bm, ceil_div(m_sched, 8) * 8)
     sfa_box = min(cfg.bm, ceil_div(m_sched, 4) * 4)
     tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, a_box, runtime.SWIZZLE_128B)
-    tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, cfg.bn, runtime.SWIZZLE_128B)
+    # multicast: each CTA of a cluster loads one half of the B tile into both
+    box_b = cfg.bn // 2 if cfg.mcast else cfg.bn
+    tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, box_b, runtime.SWIZZLE_128B)
     if cfg.fp8:
         # sfa: [(G,) M, KB] MN-major with the MN stride padded to 4: a row-major [(G*)KB, M_al] view
         m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else ceil_div(sfa.shape[-2], 4) * 4
@@ -273,6 +289,8 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
             vp(c.data_ptr() if c is not None else 0), vp(grouped.data_ptr() if grouped is not None else 0),
             ctypes.c_int(m_sched), ctypes.c_int(num_groups), ctypes.c_int(a_box), ctypes.c_int(sfa_box)]
     grid = max(1, min(get_num_sms(), tiles))
+    if cfg.mcast:  # whole clusters of 2; both CTAs of a cluster walk tiles / 2 pairs
+        grid = 2 * max(1, min(get_num_sms() // 2, tiles // 2))
     kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid,
                 cfg.threads, args)
 

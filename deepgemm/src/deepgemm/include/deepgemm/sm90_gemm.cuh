@@ -53,6 +53,21 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* desc, u32 ba
                " [%0], [%1, {%3, %4}], [%2];"
                :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
+// MCAST: the same box lands at the same shared-memory offset in every CTA of ctaMask, and each CTA's
+// mbarrier at offset `bar` receives the complete_tx of its copy.
+__device__ __forceinline__ void tma_load_2d_mcast(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%3, %4}], [%2], %5;"
+               :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1), "h"(mask) : "memory");
+}
+// arrive on the mbarrier at the same offset in CTA `cta` of this cluster
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
+  asm volatile("{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %0, %1;\n"
+               " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}" :: "r"(bar), "r"(cta) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
+}
 __device__ __forceinline__ void tma_prefetch(const TmaDesc* desc) {
   asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(desc)) : "memory");
 }
@@ -82,17 +97,22 @@ __device__ __forceinline__ unsigned short pack_fp8(float lo, float hi) {
 }
 
 // ---- tile scheduler (identical sequence in producer and consumers) ---------------------------
-template <int KIND, int BM, int NB>
+// MC = 1 (dense only; 2-CTA clusters along M): the two CTAs of a cluster walk the same sequence of
+// (M block pair, N block) units and take M blocks 2p and 2p + 1, so they share every B tile (the host
+// guarantees an even number of M blocks and an even grid).
+template <int KIND, int BM, int NB, int MC = 0>
 struct Scheduler {
   int M, G, t, num_mb, cur_g, g_base;
   const int* grouped;
   __device__ Scheduler(int m, int g, const int* gr)
-      : M(m), G(g), t((int)blockIdx.x - (int)gridDim.x), num_mb((m + BM - 1) / BM), cur_g(0), g_base(0), grouped(gr) {}
+      : M(m), G(g), t(MC ? (int)(blockIdx.x >> 1) - (int)(gridDim.x >> 1) : (int)blockIdx.x - (int)gridDim.x),
+        num_mb(MC ? (m + BM - 1) / BM / 2 : (m + BM - 1) / BM), cur_g(0), g_base(0), grouped(gr) {}
 
   __device__ bool next(int& m_blk, int& n_blk, int& g) {
     constexpr int kBand = 16;  // N blocks per raster band: concurrent tiles share A rows and B rows in L2
+    static_assert(!MC || KIND == kDense, "multicast: dense layout only");
     while (true) {
-      t += gridDim.x;
+      t += MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
       if (KIND == kMasked) {
         while (cur_g < G) {
           int mg = grouped[cur_g];
@@ -111,6 +131,7 @@ struct Scheduler {
       const int band = t / (num_mb * kBand), rem = t - band * num_mb * kBand;
       const int n0 = band * kBand, bw = NB - n0 < kBand ? NB - n0 : kBand;
       m_blk = rem / bw; n_blk = n0 + rem % bw; g = 0;
+      if (MC) m_blk = 2 * m_blk + (int)(blockIdx.x & 1);  // cluster rank = blockIdx.x % 2 for cluster (2, 1, 1)
       if (KIND == kContiguous) {
         g = grouped[m_blk * BM];
         if (g < 0) continue;  // a block of padding rows: nothing to compute or write
@@ -142,8 +163,14 @@ struct SmemPlan {
 // stage must never alternate between the warpgroups within a tile (named barrier 3 orders them
 // across tiles). With odd STAGES a warpgroup could pass the wait while the other's TMA load into
 // that stage was still in flight (see stages_ok_for_ksplit in deepgemm/jit/kernels.py).
+// MCAST = 1 (dense, no KSPLIT/PIPE; kernel launched in 2-CTA clusters along M): the two CTAs of a
+// cluster compute vertically adjacent tiles with the same B tile; each producer loads its own A and one
+// half of B, multicast into both CTAs, so each SM pulls 3/4 of the bytes from L2. A stage may then be
+// refilled only when the consumers of both CTAs have released it: every consumer warp arrives on the
+// empty barrier of its own CTA and of the peer (count doubled). No CTA exits before its peer (cluster
+// barrier at the end): the peer may still multicast into it or arrive on its barriers.
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
-          int PIPE = 0>
+          int PIPE = 0, int MCAST = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
@@ -152,6 +179,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
   static_assert(!PIPE || (FP8 && !KSPLIT && STAGES >= 2), "PIPE: FP8 without KSPLIT, >= 2 stages");
+  static_assert(!MCAST || (KIND == kDense && !KSPLIT && !PIPE && BN % 16 == 0), "MCAST: dense, no KSPLIT/PIPE, BN % 16 == 0");
+  constexpr int B_HALF = BN / 2 * 128;  // MCAST: bytes of one CTA's half of the B tile (1024-aligned)
   constexpr int KEL = FP8 ? 128 : 64;  // elements per 128-byte K block
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
@@ -182,7 +211,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + 8 * s, 1);
-      mbar_init(bars + 8 * (STAGES + s), KSPLIT ? 4 : NUM_MATH_WG * 4);  // one arrival per consumer warp
+      // one arrival per consumer warp (of both CTAs of the cluster with MCAST)
+      mbar_init(bars + 8 * (STAGES + s), (KSPLIT ? 4 : NUM_MATH_WG * 4) * (MCAST ? 2 : 1));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -193,12 +223,13 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     if (FP8) tma_prefetch(&tma_sfa);
   }
   __syncthreads();
+  if constexpr (MCAST) cluster_sync();  // the peer's barriers are initialised before anyone signals them
 
   if (wg == NUM_MATH_WG) {
     // producer warpgroup: one thread streams K blocks of every tile of this CTA
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (warp == NUM_MATH_WG * 4 && lane == 0) {
-      Scheduler<KIND, BM, NB> sched(M, num_groups, grouped);
+      Scheduler<KIND, BM, NB, MCAST> sched(M, num_groups, grouped);
       int m_blk, n_blk, g;
       u32 it = 0;
       while (sched.next(m_blk, n_blk, g)) {
@@ -212,11 +243,17 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           // A's box may be shorter than BM when M is (rows past it hold stale data: never stored)
           mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + (FP8 ? sfa_box * 4 : 0));
           tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * KEL, a_row);
-          tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row);
+          if constexpr (MCAST) {
+            const int r = (int)(blockIdx.x & 1);
+            tma_load_2d_mcast(sB + s * B_BYTES + r * B_HALF, &tma_b, full, kb * KEL, b_row + r * (BN / 2), 3);
+          } else {
+            tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row);
+          }
           if (FP8) tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BM, sf_y0 + kb);
         }
       }
     }
+    if constexpr (MCAST) cluster_sync();
     return;
   }
 
@@ -225,7 +262,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const int wrow = KSPLIT ? 0 : wg, kw = KSPLIT ? wg : 0;
   const int wwarp = warp % 4;
   const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
-  Scheduler<KIND, BM, NB> sched(M, num_groups, grouped);
+  Scheduler<KIND, BM, NB, MCAST> sched(M, num_groups, grouped);
   int m_blk, n_blk, g;
   bool have = sched.next(m_blk, n_blk, g);
   // B's scales: a tile's columns [n0, n0 + BN) span scale blocks n0/128 and (maybe) n0/128 + 1;
@@ -284,7 +321,10 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     };
     auto release = [&](u32 s) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+      if (lane == 0) {
+        mbar_arrive(bars + 8 * (STAGES + s));
+        if constexpr (MCAST) mbar_arrive_cluster(bars + 8 * (STAGES + s), (blockIdx.x & 1) ^ 1);
+      }
     };
     // waits for K block kb's stage and issues its 4 WGMMAs into t (one commit group)
     auto issue = [&](int kb, float (&t)[BN / 2], float (&sc)[4]) {
@@ -442,6 +482,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
     sfb_row0 = nrow; sfb_step = nstep;
   }
+  if constexpr (MCAST) cluster_sync();
 }
 
 }  // namespace dg
