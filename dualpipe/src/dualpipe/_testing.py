@@ -1,7 +1,8 @@
-"""Multi-process CPU harness shared by the tests, ``python -m dualpipe run`` and the benchmarks.
+"""Multi-process harness shared by the tests, ``python -m dualpipe run`` and the benchmarks.
 
 Tiny MLP stages (one linear layer that defers its weight grad through WeightGradStore, one plain
-nn.Linear) are run through DualPipe / DualPipeV on gloo and checked against ``ref.ref_step``.
+nn.Linear) are run through DualPipe / DualPipeV and checked against ``ref.ref_step``: on CPU with
+gloo (float64 by default), or one process per GPU with NCCL (``backend="nccl"``, any dtype).
 """
 from __future__ import annotations
 
@@ -81,11 +82,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
+# NVLink multicast (NVLS) must stay off on the shared GPU hosts: a program using it can take the
+# host's GPUs out of service. Forced on in every NCCL process this package starts.
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def init(rank: int, world: int, port: int, timeout_s: float = 60.0, backend: str = "gloo") -> None:
+    """Join a ``world``-process group on 127.0.0.1:``port``.
+
+    ``backend="nccl"``: one GPU per process (``cuda:rank``), NVLink multicast off, TF32 off (so
+    float32 results are true float32 and can be compared to 1e-6).
+    """
     import datetime
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"init: backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        os.environ.update(SAFE_NCCL_ENV)
+        torch.cuda.set_device(rank)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def default_device() -> torch.device:
+    """The device of this process's pipeline stages: its GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -98,9 +123,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, forward_only: bool = False,
                hidden: int = 8, mb: int = 2, seed: int = 0, group=None, rank_mapping=None,
-               trace: bool = False) -> Dict[str, float]:
+               trace: bool = False, dtype: str = "float64") -> Dict[str, float]:
     """Run one step of ``kind`` on the current process group and compare with the oracle.
 
+    ``dtype`` ("float64", "float32", "bfloat16"): of the stages, inputs and p2p tensors; the oracle
+    runs the same stages in the same dtype on the same device (this rank's GPU under NCCL).
+    Errors are max |a - b| / max |b|, computed in float64.
     Returns max relative errors {"loss", "outputs", "grads"} seen on this rank (0 where n/a),
     plus "trace_ok" (1.0/0.0) when ``trace``.
     """
@@ -114,13 +142,14 @@ def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, 
     r = mapping[grank]
     n_stages = P if kind == "DualPipe" else 2 * P
     cls = MLPStageOverlap if overlap else MLPStage
-    torch.manual_seed(seed)
-    stages = nn.ModuleList([cls(hidden) for _ in range(n_stages)]).double()
-    x = torch.randn(num_chunks * mb, hidden, dtype=torch.float64)
-    y = torch.randn(num_chunks * mb, hidden, dtype=torch.float64)
+    dt, dev = getattr(torch, dtype), default_device()
+    torch.manual_seed(seed)  # the same values on every rank and device: drawn on the CPU, then moved
+    stages = nn.ModuleList([cls(hidden) for _ in range(n_stages)]).to(device=dev, dtype=dt)
+    x = torch.randn(num_chunks * mb, hidden, dtype=torch.float64).to(device=dev, dtype=dt)
+    y = torch.randn(num_chunks * mb, hidden, dtype=torch.float64).to(device=dev, dtype=dt)
 
     set_p2p_tensor_shapes([(mb, hidden)])
-    set_p2p_tensor_dtype(torch.float64)
+    set_p2p_tensor_dtype(dt)
     if kind == "DualPipe":
         local = (copy.deepcopy(stages[r]), copy.deepcopy(stages[P - 1 - r]))
         model = DualPipe(local, process_group=group, rank_mapping=rank_mapping)
@@ -133,7 +162,7 @@ def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, 
         inp, lab = ((x,), (y,)) if r == 0 else ((), ())
     if trace:
         model.trace = []
-    poison = torch.full((1,), float("nan"))
+    poison = torch.full((1,), float("nan"), device=dev)
     loss, outputs = poison, poison
     with torch.set_grad_enabled(not forward_only):
         loss, outputs = model.step(*inp, num_chunks=num_chunks, criterion=criterion, labels=lab,
@@ -157,7 +186,7 @@ def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, 
     if not forward_only:
         mine = [[p.grad for p in m.parameters()] for m in model.module]
         if kind == "DualPipe":  # the two copies of each stage: sum their grads over the group
-            flat = torch.cat([g.flatten() for gs in mine for g in gs])
+            flat = torch.cat([g.flatten() for gs in mine for g in gs]).double()  # summed in float64
             allg = [torch.empty_like(flat) for _ in range(P)]
             dist.all_gather(allg, flat, group=group)
             by_rank = [None] * P
@@ -165,7 +194,7 @@ def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, 
                 by_rank[mapping[g_rank]] = t
             n0 = sum(g.numel() for g in mine[0])
             total = by_rank[r][:n0] + by_rank[P - 1 - r][n0:]
-            ref = torch.cat([p.grad.flatten() for p in stages[r].parameters()])
+            ref = torch.cat([p.grad.flatten() for p in stages[r].parameters()]).double()
             res["grads"] = rel_err(total, ref)
         else:
             errs = []
@@ -179,10 +208,10 @@ def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, 
     return res
 
 
-def _worker(rank: int, world: int, port: int, cases: List[dict], out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, cases: List[dict], out_dir: str, backend: str = "gloo") -> None:
     out = {"rank": rank, "results": [], "error": None}
     try:
-        init(rank, world, port)
+        init(rank, world, port, backend=backend)
         for case in cases:
             case = dict(case)
             sub = case.pop("subgroup", None)
@@ -254,18 +283,25 @@ def bad_step(what: str, kind: str = "DualPipeV", group=None) -> None:
     model.step(*((x,) if first else ()), **kw)
 
 
-def launch(world: int, cases: List[dict], timeout_s: float = 180.0) -> List[dict]:
-    """Spawn ``world`` gloo processes on 127.0.0.1 (a fresh free port) running ``cases``.
+def launch(world: int, cases: List[dict], timeout_s: float = 180.0, backend: str = "gloo") -> List[dict]:
+    """Spawn ``world`` processes on 127.0.0.1 (a fresh free port) running ``cases``.
 
+    backend: "gloo" (CPU) or "nccl" (process r on GPU r; needs ``world`` CUDA devices).
     Returns each rank's {"rank", "results", "error"}; raises if a process hangs or dies.
     """
+    if backend == "nccl":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n < world:
+            raise ValueError(f"launch: backend='nccl' with world={world} needs {world} CUDA devices, found {n}")
+        os.environ.update(SAFE_NCCL_ENV)  # inherited by the spawned processes too
     import multiprocessing as mp
     import tempfile
     import time
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_worker, args=(r, world, port, cases, d), daemon=True) for r in range(world)]
+        procs = [ctx.Process(target=_worker, args=(r, world, port, cases, d, backend),
+                             daemon=True) for r in range(world)]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s
@@ -297,6 +333,7 @@ def gpu_smoke(port: int, num_chunks: int = 4, hidden: int = 16, mb: int = 4) -> 
     import datetime
     from . import DualPipeV, set_p2p_tensor_dtype, set_p2p_tensor_shapes
     from .ref import ref_step
+    os.environ.update(SAFE_NCCL_ENV)
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
