@@ -34,6 +34,9 @@ const char* launch_mla_decode(const DecodeArgs& a, void* stream);
 // not 16-byte aligned): the caller then runs the default kernel. The caller (launch_mla_decode)
 // runs the shared combine kernel after it.
 int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
+// The same for the FP8 cache (mla_decode_wgmma_fp8.cu): -1 without launching when a.is_fp8 is
+// false, the pages are not back to back or the pointers are not 16-byte aligned.
+int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
                                 int* num_splits, void* stream);
 bool fp8_kernel_built();

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 
 
-KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values; FP8 caches run the default kernel under both
-# (unset or "auto" picks one of the two per call: test_auto_kernel_choice)
+KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 caches alike (FP8 under
+# wgmma: mla_decode_wgmma_fp8.cu); unset or "auto" picks one per call: test_auto_kernel_choice
 
 
 @pytest.fixture(params=KERNELS)
@@ -50,10 +50,10 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     s_q, h_q = q.shape[1], q.shape[2]
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
-    # the variant that actually ran: wgmma when selected (or, under auto, for >= 32 query rows) for a
-    # BF16 cache, else the default kernel
+    # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, for a
+    # BF16 cache with >= 32 query rows (auto keeps the FP8 cache on the default kernel for now)
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
-    want = "wgmma" if not fp8 and (sel == "wgmma" or (sel == "auto" and s_q * h_q >= 32)) else "default"
+    want = "wgmma" if sel == "wgmma" or (sel == "auto" and not fp8 and s_q * h_q >= 32) else "default"
     assert flashmla.api._C.last_kernel() == want
     return res
 
@@ -216,11 +216,69 @@ def test_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     assert ((l1[fin] - l2[fin]).abs() / l1[fin].abs().clamp_min(1.0)).max() < 2e-5
 
 
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (64, 1), (128, 2), (5, 3)])
+def test_fp8_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
+    """FP8 cache: the wgmma variant (TMA RoPE + dequantising producer warpgroup) against the default
+    kernel on the same quantised cache, with requests on both sides of the exact-P threshold (1024
+    keys), a page-aligned length, tails of 1 and 63 tokens (NaN bytes and NaN scales past them),
+    and a zero-length request: same inf pattern, outputs within the sum of their tolerances, and
+    each within the tolerances of the reference on the dequantised cache."""
+    need_kernel()
+    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=31 * h_q + s_q)
+    k8 = flashmla.quantize_kvcache(kc)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    res = {}
+    for k in KERNELS:
+        monkeypatch.setenv("FLASHMLA_KERNEL", k)
+        res[k] = run(q, k8, bt, sl, causal=s_q > 1, fp8=True)
+        check(*res[k], ro, rl)
+    (o1, l1), (o2, l2) = res["default"], res["wgmma"]
+    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
+    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+
+
+def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
+    """The FP8 wgmma path captured in a CUDA graph at one batch and replayed with new lengths
+    (including 0 and lengths that end inside a page), each replay checked against the reference."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
+    batch, h_q, cap = 6, 64, 4160
+    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, 1, device=DEV, seed=12)
+    k8 = flashmla.quantize_kvcache(kc)
+    static_sl = sl.clone()
+
+    def step():
+        meta, splits = flashmla.get_mla_metadata(static_sl, h_q, 1)
+        return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, is_fp8_kvcache=True)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    assert flashmla.api._C.last_kernel() == "wgmma"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = step()
+    for trial in range(3):
+        new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
+        new[trial] = 0
+        new[trial + 1] = 64 * trial + 1
+        static_sl.copy_(new)
+        g_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512)
+        check(g_out, g_lse, ro, rl)
+
+
 @pytest.mark.parametrize("h_q,s_q,fp8", [(16, 1, False), (16, 2, False), (32, 1, False), (128, 2, False),
-                                         (64, 1, True)])
+                                         (64, 1, True), (16, 1, True)])
 def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
     """Without FLASHMLA_KERNEL the launcher picks wgmma for a BF16 cache with >= 32 query rows per
-    request and the default kernel otherwise (run() asserts which ran); results meet the tolerances."""
+    request and the default kernel otherwise, FP8 caches included until the FP8 wgmma variant is
+    measured (run() asserts which ran); results meet the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
     lens = [4097, 0, 63, 1025, 1]

@@ -11,3 +11,24 @@ def test_generated_wgmma_header_is_current():
     out = subprocess.run([sys.executable, str(CSRC / "gen_wgmma.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out == (CSRC / "wgmma.cuh").read_text()
+
+
+def _model(name, *args):
+    return subprocess.run([sys.executable, str(CSRC / "models" / name), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_fp8_wgmma_protocol_model_passes_and_catches_mutants():
+    """CPU model of the FP8 wgmma kernel's mbarrier protocol (csrc/models/): the kernel's protocol
+    passes over random schedules, and each deliberately broken count, wait or order is caught."""
+    res = _model("wgmma_fp8_protocol_model.py", "--trials", "400", "--mutants")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all 5 mutants caught" in res.stdout
+
+
+def test_fp8_wgmma_layout_model_passes_and_catches_mutants():
+    """CPU model of the FP8 wgmma kernel's page staging (dequantising stores + RoPE TMA, read back
+    through the wgmma descriptors) against dequantize_kvcache; each broken offset is caught."""
+    res = _model("wgmma_fp8_layout_model.py", "--mutants")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all 6 mutants caught" in res.stdout

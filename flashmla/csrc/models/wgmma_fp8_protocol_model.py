@@ -1,0 +1,184 @@
+"""Randomised model check of the FP8 wgmma kernel's synchronisation (../mla_decode_wgmma_fp8.cu).
+
+Like wgmma_protocol_model.py (same consumers), but the producer warpgroup is split the way the
+FP8 kernel runs it: thread 0 (Q TMA after qempty; per page: wait empty[s], expect_tx + RoPE TMA
+into slab 8, its own share of the dequantised NoPE, arrive) and the other 127 dequantising threads,
+modelled as two groups of 64 and 63 arrivals (wait empty[s], store their NoPE rows, arrive).
+full[s] needs 129 arrivals (thread 0 twice) plus the RoPE bytes; empty[s] 256 (both consumer
+warpgroups). Checks, over random request mixes and interleavings: no deadlock, every read sees the
+version it expects from start to end (each NoPE share, the RoPE/P_hi slab, P_lo, Q, the row scales
+and 1/l), no double arrival at a named barrier. `--mutants` breaks one count, wait or order at a
+time and asserts the model catches each. Update together with the kernel. ~3 s:
+
+    python flashmla/csrc/models/wgmma_fp8_protocol_model.py [--trials N] [--mutants]
+"""
+import random, sys
+
+SHARES = (("T0", 1), ("D1", 64), ("D2", 63))  # NoPE writers and their mbarrier arrivals
+
+
+class MBar:
+    def __init__(s, count): s.count, s.arr, s.tx, s.done = count, 0, 0, 0
+    def arrive(s, n=1):
+        s.arr += n
+        assert s.arr <= s.count or s.count < 0, "mbarrier over-arrived in one phase"
+        s.maybe()
+    def maybe(s):
+        if s.arr == s.count and s.tx == 0: s.arr = 0; s.done += 1
+    def ready(s, parity): return (s.done & 1) != parity
+
+
+class NBar:
+    def __init__(s): s.arrived, s.gen = set(), 0
+    def arrive(s, who):
+        assert who not in s.arrived, f"double arrival by {who}"
+        s.arrived.add(who)
+        if len(s.arrived) == 2: s.arrived.clear(); s.gen += 1
+
+
+def run(reqs, seed, mut=None):
+    rnd = random.Random(seed)
+    full_count = 128 if mut == "full_count_128" else 129
+    empty_count = 128 if mut == "empty_count_128" else 256
+    mb = {**{f"full{i}": MBar(full_count) for i in range(2)}, **{f"empty{i}": MBar(empty_count) for i in range(2)},
+          "qfull": MBar(1), "qempty": MBar(128)}
+    nb = {k: NBar() for k in ("PFULL", "PEMPTY", "EPI")}
+    buf, dma = {}, []
+    nope = [f"N{s}.{name}" for s in range(2) for name, _ in SHARES]
+
+    def t0():  # producer thread 0: TMA of Q and RoPE, and its share of the dequantised NoPE
+        it = qn = 0
+        for r, npg in enumerate(reqs):
+            if npg == 0: continue
+            yield ("wait", "qempty", (qn & 1) ^ 1)
+            yield ("expect", "qfull", 1); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
+            for _ in range(npg):
+                s = it & 1
+                if mut == "rope_before_wait":
+                    yield ("expect", f"full{s}", 1); yield ("tma", f"H{s}", ("K", it), f"full{s}")
+                yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
+                if mut != "rope_before_wait":
+                    yield ("expect", f"full{s}", 1); yield ("tma", f"H{s}", ("K", it), f"full{s}")
+                yield ("write", f"N{s}.T0", ("K", it)); yield ("arrive", f"full{s}", 1)
+                it += 1
+
+    def dq(name, weight):  # dequantising threads (one group of `weight` threads)
+        it = 0
+        for r, npg in enumerate(reqs):
+            for _ in range(npg):
+                s = it & 1
+                if not (mut == "dequant_skips_empty_wait" and name == "D2"):
+                    yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
+                if mut == "arrive_before_store" and name == "D1":
+                    yield ("arrive", f"full{s}", weight); yield ("write", f"N{s}.{name}", ("K", it))
+                else:
+                    yield ("write", f"N{s}.{name}", ("K", it)); yield ("arrive", f"full{s}", weight)
+                it += 1
+
+    def page_reads(s, it, what):
+        out = [(f"N{s}.{n}", ("K", it)) for n, _ in SHARES]
+        if what == "S": out.append((f"H{s}", ("K", it)))
+        else: out += [(f"H{s}", ("P", it)), ("Plo", ("P", it))]
+        return out
+
+    def wg1():
+        it = qn = rq = 0
+        for r, npg in enumerate(reqs):
+            if npg: yield ("wait", "qfull", qn & 1); qn += 1
+            for j in range(npg):
+                s = it & 1
+                yield ("wait", f"full{s}", (it >> 1) & 1)
+                rd = [("Q", ("Q", r))] + page_reads(s, it, "S")
+                for b, v in rd: yield ("rbeg", b, v)
+                for b, v in rd: yield ("rend", b, v)
+                if j == npg - 1: yield ("arrive", "qempty", 128)
+                if it > 0: yield ("nsync", "PEMPTY")
+                yield ("write", "Plo", ("P", it)); yield ("write", f"H{s}", ("P", it)); yield ("write", "A", ("A", it))
+                yield ("nsync", "PFULL")
+                for b, v in page_reads(s, it, "PV"): yield ("rbeg", b, v)
+                for b, v in page_reads(s, it, "PV"): yield ("rend", b, v)
+                yield ("arrive", f"empty{s}", 128); it += 1
+            if npg:
+                yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", "EPI")
+            rq += npg > 0
+        if it > 0: yield ("nsync", "PEMPTY")
+
+    def wg2():
+        it = rq = 0
+        for r, npg in enumerate(reqs):
+            for j in range(npg):
+                s = it & 1
+                yield ("wait", f"full{s}", (it >> 1) & 1)
+                yield ("nsync", "PFULL")
+                yield ("rbeg", "A", ("A", it)); yield ("rend", "A", ("A", it))
+                for b, v in page_reads(s, it, "PV"): yield ("rbeg", b, v)
+                for b, v in page_reads(s, it, "PV"): yield ("rend", b, v)
+                yield ("narrive", "PEMPTY")
+                yield ("arrive", f"empty{s}", 128); it += 1
+            if npg:
+                yield ("nsync", "EPI"); yield ("rbeg", f"I{rq & 1}", ("I", r)); yield ("rend", f"I{rq & 1}", ("I", r))
+            rq += npg > 0
+
+    actors = {"T0": t0(), "W1": wg1(), "W2": wg2(), **{n: dq(n, w) for n, w in SHARES[1:]}}
+    pending = {k: next(g, None) for k, g in actors.items()}
+    waiting_n = {}
+    steps = 0
+    while True:
+        steps += 1
+        assert steps < 200000
+        runnable = []
+        for a, op in pending.items():
+            if op is None: continue
+            if op[0] == "wait" and not mb[op[1]].ready(op[2]): continue
+            if op[0] == "nsync" and a in waiting_n and nb[waiting_n[a][0]].gen == waiting_n[a][1]: continue
+            runnable.append(a)
+        choices = runnable + (["DMA"] if dma else [])
+        if not choices:
+            if all(op is None for op in pending.values()): return
+            raise AssertionError(f"deadlock: {pending}")
+        a = rnd.choice(choices)
+        if a == "DMA":
+            b, v, bar = dma.pop(rnd.randrange(len(dma)))
+            buf[b] = v; mb[bar].tx -= 1; mb[bar].maybe(); continue
+        op = pending[a]
+        k = op[0]
+        if k == "nsync":
+            if a not in waiting_n:
+                g = nb[op[1]].gen; nb[op[1]].arrive(a)
+                if nb[op[1]].gen == g: waiting_n[a] = (op[1], g); continue
+            else: del waiting_n[a]
+        elif k == "narrive": nb[op[1]].arrive(a)
+        elif k == "expect": mb[op[1]].tx += 1; mb[op[1]].arrive(op[2])
+        elif k == "tma": dma.append((op[1], op[2], op[3]))
+        elif k == "arrive": mb[op[1]].arrive(op[2])
+        elif k == "write": buf[op[1]] = op[2]
+        elif k in ("rbeg", "rend"):
+            assert buf.get(op[1]) == op[2], f"{a} {k} {op[1]}: saw {buf.get(op[1])}, expected {op[2]}"
+        pending[a] = next(actors[a], None)
+
+
+def check(trials, mut=None):
+    n = 0
+    for trial in range(trials):
+        rng = random.Random(trial)
+        reqs = [rng.choice([0, 0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 6))]
+        for sch in range(5):
+            run(reqs, trial * 100 + sch, mut); n += 1
+    return n
+
+
+MUTANTS = ("full_count_128", "empty_count_128", "rope_before_wait", "dequant_skips_empty_wait", "arrive_before_store")
+
+if __name__ == "__main__":
+    trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 2000
+    n = check(trials)
+    print("fp8 protocol model ok:", n, "random schedules, no deadlock, no race")
+    if "--mutants" in sys.argv:
+        for mut in MUTANTS:
+            try:
+                check(trials, mut)
+            except AssertionError as e:
+                print(f"  mutant {mut}: caught ({str(e)[:70]})")
+                continue
+            raise SystemExit(f"mutant {mut} NOT caught: the model is too weak")
+        print("all", len(MUTANTS), "mutants caught")

@@ -1,0 +1,337 @@
+// Shared parts of the two wgmma decode kernels (mla_decode_wgmma.cu: BF16 cache;
+// mla_decode_wgmma_fp8.cu: FP8 cache): shared-memory layout, PTX wrappers, wgmma descriptors, the
+// per-request work arithmetic and the two consumer warpgroups (S, softmax, P V, epilogue), which
+// are the same for both caches: only the producer warpgroup differs. Included by exactly those
+// two translation units (everything has internal linkage).
+#pragma once
+#include <cuda.h>           // CUtensorMap (types only: the driver entry point is fetched at run time)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "launch.h"
+#include "wgmma.cuh"
+
+namespace flashmla {
+namespace {
+
+constexpr int SLAB = 64 * 128;           // 64 rows x 64 bf16 columns, 128B-swizzled: 8 KiB
+constexpr int NSLAB = D_QK / 64;         // 9 slabs per page and per Q tile
+constexpr int TILE = NSLAB * SLAB;       // 73728 bytes
+constexpr int BM = 64, NTHREADS = 384;
+constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
+// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty), alpha[64], inv[2][64]
+constexpr int MISC = 64 + 3 * 64 * 4;
+constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
+static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
+// named barriers (0 is __syncthreads)
+constexpr int BAR_P_FULL = 1, BAR_P_EMPTY = 2, BAR_EPI = 3;
+
+// ---- PTX wrappers
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {  // keep accumulator accesses in place
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// wgmma shared-memory descriptors, 128B swizzle (layout type 1 in bits 62-63).
+// K-major (rows of 128 bytes, 8-row groups 1024 bytes apart): LBO unused, SBO = 1024.
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+// MN-major B (V: 8-key groups of 128-byte rows 1024 bytes apart = SBO, 64-column slabs SLAB
+// bytes apart = LBO).
+__device__ __forceinline__ uint64_t desc_mnmajor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(SLAB >> 4) << 16) |
+         (64ull << 32) | (1ull << 62);
+}
+// byte offset of element (row r, column k) of a 64 x 64 bf16 slab with 128B swizzle
+__device__ __forceinline__ uint32_t swz128(int r, int k) {
+  return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2;
+}
+
+struct Work {  // one request's share of a scheduler part (the same arithmetic as mla_decode.cu)
+  int nb, L, kbeg, kend, g;
+  bool split;
+};
+__device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0, int k0, int b1, int k1, int first) {
+  Work w;
+  w.nb = min((max(a.seqlens[b], 0) + PAGE - 1) / PAGE, a.max_blocks);
+  w.L = min(max(a.seqlens[b], 0), w.nb * PAGE);
+  w.kbeg = b == b0 ? k0 : 0;
+  w.kend = min(b == b1 ? k1 : w.nb, w.nb);
+  w.split = a.num_splits[b + 1] - a.num_splits[b] > 1;
+  w.g = first + (b - b0);
+  return w;
+}
+
+// Shared-memory addresses the consumers use (the layout is the same in both kernels).
+struct SmemPtrs {
+  uint32_t uQ, uK, uPlo, uBar, bar_qfull;
+  float* sAlpha;  // [64] row rescale factors of the current page (WG1 -> WG2)
+  float* sInv;    // [2][64] 1/l by parity of the request (WG1 -> WG2)
+};
+
+// The two consumer warpgroups (wg = 1, 2; t = thread index in the warpgroup) over the CTA's part
+// [b0/k0, b1/k1). Page stage s: full[s] at uBar + 8s (the page's 9 slabs are ready), empty[s] at
+// uBar + 16 + 8s (256 arrivals: both warpgroups are done with the stage). ZERO_TAIL: WG1 zeroes the
+// V rows past a request's length in its last page (the BF16 kernel's TMA copies them raw; the FP8
+// kernel's dequantising warps write zeros there themselves).
+template <bool ZERO_TAIL>
+__device__ __forceinline__ void run_consumers(const DecodeArgs& a, const SmemPtrs& sp, int wg, int t, int row_base,
+                                              int b0, int k0, int b1, int k1, int first, int last) {
+  const uint32_t uQ = sp.uQ, uK = sp.uK, uPlo = sp.uPlo, uBar = sp.uBar, bar_qfull = sp.bar_qfull;
+  const uint32_t bar_qempty = uBar + 40;
+  float* sAlpha = sp.sAlpha;
+  float* sInv = sp.sInv;
+  const int m = a.s_q * a.h_q;
+  const int ch = wg - 1;                       // 0: WG1 (S, softmax, O[:, :256]); 1: WG2 (O[:, 256:])
+  const int lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const int r_loc[2] = {(t >> 5) * 16 + gq, (t >> 5) * 16 + gq + 8};  // this thread's two rows
+  const float scale_log2 = a.softmax_scale * LOG2E;
+  int it = 0, qn = 0, rq = 0;
+
+  for (int b = b0; b <= last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, b0, k0, b1, k1, first);
+    if (w.split && w.g >= a.batch + a.parts) break;  // inconsistent metadata: never write out of bounds
+
+    // One copy of the request body per P precision (LO: hi + lo planes), so that the wgmma chains
+    // never sit behind a run-time branch on a value ptxas cannot prove warpgroup-uniform (that
+    // serialises every wgmma: ptxas C7520).
+    auto body = [&](auto lo_tag) {
+      constexpr bool LO = decltype(lo_tag)::value;
+      float o[128];                                // O[64 x 256] of this warpgroup, wgmma C layout
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] = 0.f;
+      float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+      int lim[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rg = row_base + r_loc[h];
+        lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
+      }
+      const bool has_pages = w.kbeg < w.kend;
+      if (has_pages && ch == 0) mbar_wait(bar_qfull, qn & 1);
+      qn += has_pages;
+
+      for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+        const int s = it & 1;
+        const uint32_t uKs = uK + s * TILE, uPhi = uKs + 8 * SLAB;
+        mbar_wait(uBar + 8 * s, (it >> 1) & 1);
+        if (ch == 0) {
+          // ---- S = Q K^T: 36 k-steps of 16 over the 9 slabs
+          float sacc[32];
+#pragma unroll
+          for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+          fence_regs(sacc);
+          wgmma_fence();
+          const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
+#pragma unroll
+          for (int kk = 0; kk < D_QK / 16; ++kk) {
+            const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
+            wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+          }
+          wgmma_commit();
+          wgmma_wait0();
+          fence_regs(sacc);
+          if (blk == w.kend - 1) mbar_arrive(bar_qempty);
+
+          // ---- mask, exp2-domain scale, row max over the 4 lanes of a row
+          const int key0 = blk * PAGE + 2 * cq;
+          float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+              sacc[i * 4 + e] = v;
+              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+          float alpha[2], muse[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float mn = fmaxf(mrow[h], mx[h]);
+            muse[h] = mn == NEG_INF ? 0.f : mn;
+            alpha[h] = exp2f(mrow[h] - muse[h]);
+            mrow[h] = mn;
+            lrow[h] *= alpha[h];
+          }
+          // rows past the request's length hold arbitrary data: zero them in the V slabs
+          if (ZERO_TAIL && blk == w.nb - 1 && (w.L & (PAGE - 1))) {
+            const int valid = w.L & (PAGE - 1);
+            for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
+              const int r = (idx >> 3) & 63;
+              if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
+            }
+          }
+          if (it > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo and alpha of page it-1
+          // ---- P = exp2(S - m) as bf16 hi/lo planes in 128B-swizzled K-major slabs
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float p0 = exp2f(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2f(sacc[i * 4 + 2 * h + 1] - muse[h]);
+              lrow[h] += p0 + p1;
+              const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+              const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
+              st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+              if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+            }
+          if (cq == 0) {
+            sAlpha[r_loc[0]] = alpha[0];
+            sAlpha[r_loc[1]] = alpha[1];
+          }
+          fence_async_smem();
+          bar_sync(BAR_P_FULL, 256);
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[j * 4 + 0] *= alpha[0];
+            o[j * 4 + 1] *= alpha[0];
+            o[j * 4 + 2] *= alpha[1];
+            o[j * 4 + 3] *= alpha[1];
+          }
+        } else {
+          bar_sync(BAR_P_FULL, 256);
+          const float al0 = sAlpha[r_loc[0]], al1 = sAlpha[r_loc[1]];
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            o[j * 4 + 0] *= al0;
+            o[j * 4 + 1] *= al0;
+            o[j * 4 + 2] *= al1;
+            o[j * 4 + 3] *= al1;
+          }
+        }
+        // ---- O[:, ch*256 ..] += (P_hi + P_lo) V, V slabs 4*ch .. 4*ch+3 as MN-major B
+        fence_regs(o);
+        wgmma_fence();
+        const uint64_t dv = desc_mnmajor(uKs + ch * 4 * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
+        if (LO) {
+#pragma unroll
+          for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
+            wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
+            wgmma_m64n256k16_tb(o, dlo + ks * 2, dv + ks * 128, 1);
+          }
+        } else {
+#pragma unroll
+          for (int ks = 0; ks < PAGE / 16; ++ks) wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(o);
+        if (ch == 1) bar_arrive(BAR_P_EMPTY, 256);
+        mbar_arrive(uBar + 16 + 8 * s);
+      }
+
+      // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory
+      float inv[2] = {0.f, 0.f};
+      if (ch == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
+          lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 2);
+          inv[h] = lrow[h] > 0.f ? 1.f / lrow[h] : 0.f;
+          if (has_pages && cq == 0) sInv[(rq & 1) * BM + r_loc[h]] = inv[h];
+        }
+        if (has_pages) bar_arrive(BAR_EPI, 256);
+      } else if (has_pages) {
+        bar_sync(BAR_EPI, 256);
+        inv[0] = sInv[(rq & 1) * BM + r_loc[0]];
+        inv[1] = sInv[(rq & 1) * BM + r_loc[1]];
+      }
+      rq += has_pages;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rg = row_base + r_loc[h];
+        if (rg >= m) continue;
+        const int col0 = ch * 256 + 2 * cq;
+        if (!w.split) {
+          __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<uint32_t*>(orow + j * 8) = pack_bf16(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+        } else {
+          float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
+#pragma unroll
+          for (int j = 0; j < 32; ++j)
+            *reinterpret_cast<float2*>(orow + j * 8) = make_float2(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+        }
+        if (ch == 0 && cq == 0) {
+          const bool empty = !(lrow[h] > 0.f);
+          const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lrow[h])) * LN2;
+          const int i = rg / a.h_q, hh = rg - i * a.h_q;
+          if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+          else a.lacc[(int64_t)w.g * m + rg] = lse;
+        }
+      }
+    };
+    if (w.L < a.p_bf16_min_keys) body(std::true_type{});  // short request: exact P
+    else body(std::false_type{});
+  }
+  // balance the barrier: WG2 arrived on P_EMPTY after every page, WG1 synced before all but the first
+  if (ch == 0 && it > 0) bar_sync(BAR_P_EMPTY, 256);
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (!fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }
+  return fn;
+}
+
+// 2-D tensor map over rows of `row_elems` elements (`row_bytes` apart), boxes of 64 rows x 64
+// columns (128 bytes), 128B swizzle. The BF16 kernel maps q and the cache as rows of 576 bf16; the
+// FP8 kernel maps the FP8 cache as rows of 328 bf16 (656 bytes) and loads the RoPE box at column 264.
+bool make_map(CUtensorMap* map, const void* ptr, uint64_t row_elems, uint64_t row_bytes, uint64_t rows) {
+  auto fn = encode_tiled();
+  if (!fn) return false;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_elems), rows};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  cuuint32_t box[2] = {64, 64}, estr[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+}  // namespace flashmla
