@@ -79,8 +79,22 @@ class _ZBMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
+        # autograd runs this on the stream of the forward (a side stream under the overlap hook); a
+        # deferred W op runs later on whatever stream is current then: order it after this backward
+        # and keep x/g alive for that stream
+        done, made_on = None, None
+        if g.is_cuda and WeightGradStore.enabled:
+            made_on = torch.cuda.current_stream(g.device)
+            done = torch.cuda.Event()
+            done.record(made_on)
 
         def weight_grad():
+            if done is not None:
+                cur = torch.cuda.current_stream(g.device)
+                if cur != made_on:
+                    cur.wait_event(done)
+                    x.record_stream(cur)
+                    g.record_stream(cur)
             if w.dim() == 2:
                 gw = x.reshape(-1, x.shape[-1]).t() @ g.reshape(-1, g.shape[-1])
             else:
@@ -122,11 +136,12 @@ class Block(nn.Module):
         # MoE-like FFN with expert-choice routing: expert e takes its `cap` best tokens
         t = Fn.rms_norm(x, (h,)).reshape(mb * s, h)
         cap = max(1, mb * s * self.topk // self.experts)
-        gate, idx = self.mm(t, self.router).float().softmax(-1).topk(cap, dim=0)  # [cap, E]
-        xe = t[idx.t()]  # [E, cap, h]
-        he = Fn.silu(self.mm(xe, self.w1)) * self.mm(xe, self.w3)
-        ye = self.mm(he, self.w2) * gate.t().unsqueeze(-1).to(x.dtype)
-        moe = torch.zeros_like(t).index_add(0, idx.t().reshape(-1), ye.reshape(-1, h))
+        scores = self.mm(t, self.router).float().softmax(-1)  # [tokens, E]
+        gate, idx = scores.t().topk(cap, dim=1)  # [E, cap]: expert e's best tokens
+        xe = t[idx]  # [E, cap, h]
+        he = Fn.silu(self.mm(xe, self.w1)) * self.mm(xe, self.w3)  # [E, cap, ffn]
+        ye = self.mm(he, self.w2) * gate.unsqueeze(-1).to(x.dtype)  # [E, cap, h]
+        moe = torch.zeros_like(t).index_add(0, idx.reshape(-1), ye.reshape(-1, h))
         return x + moe.view(mb, s, h)
 
 
@@ -277,7 +292,7 @@ def p2p_one_way_ms(shape, dtype, dev, rounds=10):
 
 
 def build(name, rank, P, m, mb, cfg, L, dev, x, y):
-    """(step function, parameters, list of Timeline-instrumented objects setter) for one schedule."""
+    """One schedule on this rank: (step function, its parameters, instrument(Timeline) to time its ops)."""
     import dualpipe
     from torch.distributed import pipelining as pp
     hook = name.endswith("+hook")
