@@ -8,11 +8,14 @@ Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per tok
 2·h_q·s_q·Σseqlen·(576 + 512). Times are medians of CUDA-graph replays (triton do_bench_cudagraph).
 
     python flashmla/benchmarks/bench_decode.py [--quick] [--json PATH] [--kernels auto,default,wgmma]
+        [--fp8 [--fp8-kernels default,wgmma] [--fp8-only]]
 
 --kernels times each listed kernel variant (FLASHMLA_KERNEL; auto = what a user gets, the default
 of the flag) on every shape; the first is "ours"
 in the table, each further one gets its own columns (time, TFLOPS, speed relative to the first)
-after its output was checked against the first's.
+after its output was checked against the first's. --fp8 adds the FP8-cache table: BF16 cache under
+the first --kernels value beside the FP8 cache under each --fp8-kernels value (default,wgmma: the
+mma.sync FP8 path and the FP8 wgmma variant), each FP8 variant timed after agreeing with the first.
 """
 from __future__ import annotations
 
@@ -59,6 +62,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
+    ap.add_argument("--fp8-kernels", default="default,wgmma",
+                    help="FLASHMLA_KERNEL variants the FP8 cache is timed under (comma-separated)")
+    ap.add_argument("--fp8-only", action="store_true", help="skip the BF16 table (with --fp8)")
     ap.add_argument("--compare-ksplit", action="store_true",
                     help="for s_q*h_q <= 32 also time the key-split S phase (FLASHMLA_KSPLIT=0)")
     ap.add_argument("--kernels", default="auto",
@@ -68,6 +74,9 @@ def main():
     bad = [k for k in kernels if k not in ("auto", "default", "wgmma")]
     if not kernels or bad:
         ap.error(f"--kernels: expected a comma-separated subset of auto,default,wgmma, got {args.kernels!r}")
+    fp8_kernels = [k.strip() for k in args.fp8_kernels.split(",") if k.strip()]
+    if not fp8_kernels or any(k not in ("auto", "default", "wgmma") for k in fp8_kernels):
+        ap.error(f"--fp8-kernels: expected a comma-separated subset of auto,default,wgmma, got {args.fp8_kernels!r}")
     os.environ["FLASHMLA_KERNEL"] = kernels[0]
     assert torch.cuda.is_available() and flashmla.cuda_available(), "needs CUDA and the compiled kernels"
     try:
@@ -86,7 +95,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, kernels=kernels,
-                               rows=rows), f, indent=1)
+                               fp8_kernels=fp8_kernels, rows=rows), f, indent=1)
     try:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from triton_mla import triton_mla_decode
@@ -98,7 +107,10 @@ def main():
            f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'triton':>8} {'x':>5} | "
            f"{'ref us':>8} {'x':>6}" + "".join(f" | {k[:8]:>8} {'TFLOPS':>6} {'speed':>5}" for k in kernels[1:]))
     print(hdr)
-    for batch, L, h_q, s_q, kind in itertools.product(batches, lens, heads, sqs, ["uniform", "ragged"]):
+    if args.fp8_only and not args.fp8:
+        ap.error("--fp8-only needs --fp8")
+    shapes = [] if args.fp8_only else itertools.product(batches, lens, heads, sqs, ["uniform", "ragged"])
+    for batch, L, h_q, s_q, kind in shapes:
         rng = random.Random(batch * L + h_q * 7 + s_q)
         sl_list = [L] * batch if kind == "uniform" else [rng.randint(1, 2 * L) for _ in range(batch)]
         causal = s_q > 1
@@ -175,19 +187,44 @@ def main():
         del q, kc, bt, sl
         torch.cuda.empty_cache()
     if args.fp8 and flashmla.api._C.fp8_kernel():
-        print("\nFP8 cache vs BF16 cache (same shapes, uniform)")
+        fk = fp8_kernels
+        print(f"\nFP8 cache vs BF16 cache (uniform, s_q = 1; BF16 under FLASHMLA_KERNEL={kernels[0]}, FP8 under "
+              f"{', '.join(fk)}; speed = BF16 time / FP8 time; an FP8 variant is timed after its output agrees "
+              f"with the first's, cosine > 1 - 1e-5)")
         for batch, L, h_q in itertools.product([64, 128], [4096, 16384], [16, 32, 64, 128]):
             q, kc, bt, sl = make_inputs(batch, L, h_q, 1, device="cuda", seed=2, poison=False)
             k8 = flashmla.quantize_kvcache(kc)
             meta, splits = flashmla.get_mla_metadata(sl, h_q, 1)
             torch.cuda.synchronize()
             tb = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, 576 ** -0.5, False, False))
-            tf = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, k8, bt, sl, 512, meta, splits, 576 ** -0.5, False, True))
             nb8 = batch * L * 656 + 2 * (q.numel() + batch * h_q * 512)
-            rows.append(dict(batch=batch, seqlen=L, h_q=h_q, s_q=1, kind="fp8", bf16_s=tb, fp8_s=tf,
-                             speedup=tb / tf, fp8_gbps=nb8 / tf / 1e9))
-            print(f"{batch:>5} {L:>6} {h_q:>4}  bf16 {tb * 1e6:8.1f} us  fp8 {tf * 1e6:8.1f} us  "
-                  f"x{tb / tf:4.2f}  fp8 {nb8 / tf / 1e9:6.0f} GB/s", flush=True)
+            rec = dict(batch=batch, seqlen=L, h_q=h_q, s_q=1, kind="fp8", bf16_s=tb, bf16_kernel=kernels[0])
+            line = f"{batch:>5} {L:>6} {h_q:>4}  bf16 {tb * 1e6:8.1f} us"
+            first = None
+            for k in fk:
+                os.environ["FLASHMLA_KERNEL"] = k
+                def fp8():
+                    return torch.ops.flashmla.mla_decode(q, k8, bt, sl, 512, meta, splits, 576 ** -0.5, False, True)
+                o8, l8 = fp8()
+                ran = flashmla.api._C.last_kernel()
+                torch.cuda.synchronize()
+                if first is None:
+                    first = (o8, l8)
+                cos = torch.nn.functional.cosine_similarity(o8.float().flatten(), first[0].float().flatten(), dim=0)
+                if cos > 0.99999 and torch.equal(torch.isinf(l8), torch.isinf(first[1])):
+                    tf = bench_graph(fp8)
+                else:
+                    print(f"      FP8 under {k} disagrees with {fk[0]} (cosine {cos.item():.7f}): not timed")
+                    tf = float("nan")
+                key = "fp8_s" if k == fk[0] else f"fp8_{k}_s"
+                rec.update({key: tf, f"fp8_{k}_ran": ran, f"fp8_{k}_speedup": tb / tf, f"fp8_{k}_gbps": nb8 / tf / 1e9})
+                line += f" | fp8 {k}({ran}) {tf * 1e6:8.1f} us x{tb / tf:4.2f} {nb8 / tf / 1e9:6.0f} GB/s"
+            os.environ["FLASHMLA_KERNEL"] = kernels[0]
+            rec["speedup"] = rec[f"fp8_{fk[0]}_speedup"]
+            rec["fp8_gbps"] = rec[f"fp8_{fk[0]}_gbps"]
+            rows.append(rec)
+            save()
+            print(line, flush=True)
             del q, kc, k8
             torch.cuda.empty_cache()
     save()

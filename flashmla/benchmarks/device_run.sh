@@ -3,8 +3,10 @@
 #   bash flashmla/benchmarks/device_run.sh OUTDIR        (from the repository root, on a CUDA machine)
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
-# 3. all GPU tests (both kernels); 4. bench_decode.py --kernels auto,default, quick table (+ FP8) then the
-# full one until 570 s. Logs and JSON go to OUTDIR. Fits the 600 s limit of one device call.
+# 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone);
+# 3. all GPU tests (both kernels, BF16 and FP8); 4. bench_decode.py --kernels auto,default, quick
+# table + the FP8 table (FP8 under default and wgmma beside BF16), then the full one until 570 s.
+# Logs and JSON go to OUTDIR. Fits the 600 s limit of one device call.
 set -uo pipefail
 START=$(date +%s); left() { echo $(( 570 - ($(date +%s) - START) )); }   # seconds left of the call
 OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
@@ -15,19 +17,31 @@ t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-KERNELS=auto,default; SEL=()
+KERNELS=auto,default; FP8_KERNELS=default,wgmma; EXCL=()
 timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-  -k "test_wgmma_matches_default_kernel or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1
+  -k "(test_wgmma_matches_default_kernel and not fp8) or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1
 rc=$?; echo "wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke.log"))"
 if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke.log"; then
-  echo "wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; KERNELS=default; SEL=(-k "not wgmma")
+  echo "wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; KERNELS=default; EXCL+=("wgmma")
 fi
+# the FP8 wgmma variant (mla_decode_wgmma_fp8.cu, first run ever): same treatment, on its own
+timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
+  -k "test_fp8_wgmma_matches_default_kernel or (test_fp8_kvcache and wgmma and 7-65)" >"$OUT/smoke_fp8.log" 2>&1
+rc=$?; echo "fp8 wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke_fp8.log"))"
+grep -E "^(FAILED|E  )" "$OUT/smoke_fp8.log" | head -8
+if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_fp8.log"; then
+  echo "fp8 wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; FP8_KERNELS=default
+  EXCL+=("(fp8 and wgmma)")
+fi
+SEL=()
+if [ ${#EXCL[@]} -gt 0 ]; then expr="not ${EXCL[0]}"; for e in "${EXCL[@]:1}"; do expr="$expr and not $e"; done; SEL=(-k "$expr"); fi
 t0=$(date +%s)
 timeout 120 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider ${SEL[@]+"${SEL[@]}"} >"$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
 grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
 # the quick table first (16 shapes, includes h_q = 128), then the full one in the time that is left
-timeout 150 "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --json "$OUT/bench_quick.json" \
+timeout 170 "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --fp8-kernels "$FP8_KERNELS" \
+  --json "$OUT/bench_quick.json" \
   >"$OUT/bench_quick.log" 2>&1
 echo "quick bench: rc=$?"; cat "$OUT/bench_quick.log"
 t=$(left); [ "$t" -gt 30 ] || exit 0
