@@ -58,6 +58,18 @@ class Client:
         addrs = [mgmtd] if isinstance(mgmtd, str) else list(mgmtd)
         for a in addrs:
             rpc.parse_addr(a)
+        # argument checks first: nothing is started for a client that is refused
+        if isinstance(readahead, bool):
+            readahead = 3 if readahead else 0
+        if not isinstance(readahead, int) or not 0 <= readahead <= 16:
+            raise ValueError(f"readahead must be a bool or an int in [0, 16], got {readahead!r}")
+        if isinstance(write_window, bool) or not isinstance(write_window, int) \
+                or not 0 <= write_window <= 64:
+            raise ValueError(f"write_window must be an int in [0, 64], got {write_window!r}")
+        if isinstance(preconnect, bool) or not isinstance(preconnect, int) \
+                or not 0 <= preconnect <= 16:
+            raise ValueError(f"preconnect must be an int in [0, 16], got {preconnect!r}")
+        self.readahead, self.write_window = readahead, write_window
         self.rpc = rpc.Client(secret)
         self.mgmtd = MgmtdClient(addrs, self.rpc)
         self.user = {"uid": os.getuid() if uid is None else int(uid),
@@ -65,18 +77,6 @@ class Client:
         self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s, watch=True,
                                      zero_copy=zero_copy)
         self.deadline_s = deadline_s
-        if isinstance(readahead, bool):
-            readahead = 3 if readahead else 0
-        if not isinstance(readahead, int) or not 0 <= readahead <= 16:
-            raise ValueError(f"readahead must be a bool or an int in [0, 16], got {readahead!r}")
-        self.readahead = readahead
-        if isinstance(write_window, bool) or not isinstance(write_window, int) \
-                or not 0 <= write_window <= 64:
-            raise ValueError(f"write_window must be an int in [0, 64], got {write_window!r}")
-        self.write_window = write_window
-        if isinstance(preconnect, bool) or not isinstance(preconnect, int) \
-                or not 0 <= preconnect <= 16:
-            raise ValueError(f"preconnect must be an int in [0, 16], got {preconnect!r}")
         if preconnect:  # in the background: the constructor does not wait for it
             threading.Thread(target=self.storage.preconnect, args=(preconnect,), daemon=True,
                              name="threefs-preconnect").start()

@@ -62,6 +62,8 @@ class StorageClient:
                        if n.get("type") == "storage" and n.get("alive"))
         opened = 0
         for a in addrs:
+            if self._stop.is_set():  # the client is closing
+                break
             try:
                 opened += self.rpc.preconnect(a, per_node)
             except (OSError, ConnectionError):
