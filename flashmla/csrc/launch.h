@@ -27,6 +27,13 @@ struct DecodeArgs {
   int p_bf16_min_keys;      // wgmma kernel: requests with at least this many keys round P to bf16
 };
 
+// FLASHMLA_KERNEL unset or 'auto': the wgmma kernel runs from this many query rows (s_q * h_q) per
+// request on, for a BF16 cache and for the FP8 cache. The FP8 value is the one-line switch for the
+// FP8 wgmma kernel (mla_decode_wgmma_fp8.cu): "never" until it has been measured on a GPU; set it to 1
+// (or 32) to make it the FP8 default. The GPU tests read both through _C.auto_wgmma_min_rows.
+constexpr int kAutoWgmmaMinRows = 32;
+constexpr int kFp8WgmmaMinRows = 1 << 30;
+
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);
 // Main kernel of the wgmma variant only (BF16 cache); returns a cudaError_t value, or -1 without

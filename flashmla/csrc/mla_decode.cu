@@ -507,9 +507,8 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   // FLASHMLA_KERNEL: unset or 'auto' runs the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu)
   // for a BF16 cache with at least 32 query rows per request (16 rows waste 3/4 of its 64-row tile:
   // the mma.sync kernel below is faster there); 'default' or 'wgmma' force one. For the FP8 cache,
-  // 'wgmma' runs mla_decode_wgmma_fp8.cu and auto runs it from kFp8WgmmaMinRows query rows on (never
-  // until it is measured: set it to 1 to make it the FP8 default). Tensors TMA cannot address
-  // always run the kernel below.
+  // 'wgmma' runs mla_decode_wgmma_fp8.cu and auto runs it from kFp8WgmmaMinRows query rows on
+  // (launch.h: never until it is measured). Tensors TMA cannot address always run the kernel below.
   const char* kern = getenv("FLASHMLA_KERNEL");
   const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
   if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0)
@@ -520,8 +519,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   a.p_bf16_min_keys = pk && pk[0] ? atoi(pk) : 1024;
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
-  constexpr int kFp8WgmmaMinRows = 1 << 30;  // auto choice for the FP8 cache: the one-line switch
-  const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : 32) : strcmp(kern, "wgmma") == 0;
+  const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (wg >= 0) {

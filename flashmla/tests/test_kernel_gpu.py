@@ -50,10 +50,11 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     s_q, h_q = q.shape[1], q.shape[2]
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
-    # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, for a
-    # BF16 cache with >= 32 query rows (auto keeps the FP8 cache on the default kernel for now)
+    # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, from the
+    # launcher's row threshold on (32 for a BF16 cache; "never" for FP8 until it is switched on)
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
-    want = "wgmma" if sel == "wgmma" or (sel == "auto" and not fp8 and s_q * h_q >= 32) else "default"
+    auto_rows = flashmla.api._C.auto_wgmma_min_rows(fp8)
+    want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
     assert flashmla.api._C.last_kernel() == want
     return res
 
