@@ -506,6 +506,32 @@ def print_table(P, rows, head):
               f"{f(o.get('W')):>8}{f(o.get('FB')):>8}{'' if r['peak_gib'] is None else format(r['peak_gib'], '.1f'):>10}")
 
 
+def plot(rows, P, path, title):
+    """Measured per-rank timelines (the median step) of every schedule in ``rows``, one panel each."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = {"F": "#4878d0", "B": "#6acc64", "Bzb": "#6acc64", "Bin": "#6acc64", "W": "#ee854a", "FB": "#956cb4"}
+    fig, axes = plt.subplots(len(rows), 1, figsize=(14, 0.45 * P * len(rows) + 1.5), squeeze=False)
+    span = max(r["step_s"] for r in rows) * 1e3
+    for ax, r in zip(axes[:, 0], rows):
+        for rank, ops in enumerate(r["timeline_ms"]):
+            for n, t0, t1 in ops:
+                if n != "END":
+                    ax.broken_barh([(t0, t1 - t0)], (rank - 0.4, 0.8), facecolors=colors.get(n, "grey"))
+        ax.set_xlim(0, span)
+        ax.set_ylim(P - 0.5, -0.5)
+        ax.set_yticks(range(P))
+        ax.set_ylabel("rank")
+        ax.set_title(f"{r['schedule']}: step {1e3 * r['step_s']:.1f} ms, bubble {100 * r['bubble']:.1f} %, "
+                     f"simulated {1e3 * r['simulated_s']:.1f} ms", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms from step start (CUDA events on GPUs; F blue, B green, W orange, F&B purple)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -523,6 +549,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=500.0, help="seconds per world size")
     ap.add_argument("--nccl-timeout", type=float, default=120.0, help="process-group timeout, seconds")
     ap.add_argument("--json", default="")
+    ap.add_argument("--plot", default="", help="PNG of the measured timelines (first world, micro-batch, chunks)")
     args = ap.parse_args()
     if args.layers_per_rank < 2 or args.layers_per_rank % 2:
         ap.error(f"--layers-per-rank must be even and >= 2, got {args.layers_per_rank}")
@@ -557,6 +584,10 @@ def main():
         out["worlds"].append({"procs": P, "gpu": res["gpu"], "torch": res["torch"], "cfg": cfg,
                               "layers_per_rank": args.layers_per_rank, "incomplete": res["incomplete"],
                               "failed": [r["schedule"] for r in res["runs"] if r["error"]], "rows": rows})
+        if args.plot and rows and len(out["worlds"]) == 1:
+            first = [r for r in rows if (r["micro_batch"], r["chunks"]) == (rows[0]["micro_batch"], rows[0]["chunks"])]
+            plot(first, P, args.plot, f"{P} x {res['gpu']}, micro-batch {first[0]['micro_batch']}, "
+                 f"{first[0]['chunks']} chunks, hidden {cfg['hidden']}, seq {cfg['seq']}")
         if res["incomplete"]:
             print(f"\nWARNING: the {P}-rank run did not finish (timeout or crash); rows above are what it had")
         if args.json:  # after every world size
