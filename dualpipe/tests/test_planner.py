@@ -173,3 +173,57 @@ def test_bad_costs():
         simulate("1F1B", 2, 4, F=-1)
     with pytest.raises(ValueError, match="W"):
         simulate("1F1B", 2, 4, B=1, W=2)
+
+
+def _groups(kind, P, m, forward_only):
+    """Per rank, the p2p batches between COMMITs: [("s"|"r", sender, receiver, seq on that pair)]."""
+    out = []
+    for r, rows in enumerate(plan(kind, P, m, forward_only=forward_only)):
+        count, groups, cur = {}, [], []
+        for k, zb, p, c, p1, c1 in rows:
+            if k in (RECV_F, RECV_B, SEND_F, SEND_B):
+                peer = _peer(kind, P, r, p, k, 2)
+                key = ("s", r, peer) if k in (SEND_F, SEND_B) else ("r", peer, r)
+                count[key] = count.get(key, 0) + 1
+                cur.append(key + (count[key] - 1,))
+            elif k == COMMIT:
+                groups.append(cur)
+                cur = []
+        out.append(groups)
+    return out
+
+
+def _blocked_ranks(groups):
+    """Run every rank's batches in order, each batch ending when all its messages have moved, and a
+    message moving only while its send and its receive are both in their ranks' current batch (no
+    buffering: large NCCL messages rendezvous). Returns the ranks left waiting ([] = no deadlock)."""
+    P, ptr, moved = len(groups), [0] * len(groups), set()
+    while True:
+        active = {op for r in range(P) if ptr[r] < len(groups[r]) for op in groups[r][ptr[r]]}
+        new = {op for op in active - moved if (("r" if op[0] == "s" else "s"),) + op[1:] in active}
+        moved |= new
+        advanced = False
+        for r in range(P):
+            if ptr[r] < len(groups[r]) and all(op in moved for op in groups[r][ptr[r]]):
+                ptr[r] += 1
+                advanced = True
+        if not new and not advanced:
+            return [r for r in range(P) if ptr[r] < len(groups[r])]
+
+
+@pytest.mark.parametrize("kind", ["DualPipe", "DualPipeV"])
+@pytest.mark.parametrize("P", [2, 4, 8, 16])
+def test_runtime_plans_do_not_deadlock_without_send_buffering(kind, P):
+    """The runtime waits for each p2p batch before computing on (as over NCCL, where the compute stream
+    waits for the batch); with activations of tens of MB a send completes only once its receive is
+    posted. Every batch sequence must still drain."""
+    for m in sorted({2 * P, 2 * P + 2, 2 * P + 6, 4 * P, 8 * P}):
+        for forward_only in (False, True):
+            assert _blocked_ranks(_groups(kind, P, m, forward_only)) == [], (kind, P, m, forward_only)
+
+
+def test_deadlock_check_can_fail():
+    # two ranks that each send first and receive in a later batch: both wait forever
+    crossed = [[[("s", 0, 1, 0)], [("r", 1, 0, 0)]], [[("s", 1, 0, 0)], [("r", 0, 1, 0)]]]
+    assert _blocked_ranks(crossed) == [0, 1]
+    assert _blocked_ranks([[[("s", 0, 1, 0), ("r", 1, 0, 0)]], [[("s", 1, 0, 0), ("r", 0, 1, 0)]]]) == []
