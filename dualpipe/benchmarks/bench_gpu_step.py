@@ -338,12 +338,17 @@ def build(name, rank, P, m, mb, cfg, L, dev, x, y):
     return step, [q for st in stages for q in st.submod.parameters()], instrument
 
 
-def run_schedule(name, rank, P, m, mb, cfg, L, dev, steps, warmup):
-    """Time one schedule; returns this rank's {"wall": [s...], "ops": [[(name, t0, t1)...] per step], "peak_gib"}."""
+def batch(m, mb, cfg, dev):
+    """Inputs and targets of one step, [m * mb, seq, hidden], drawn on the device (same on every rank)."""
     dt = getattr(torch, cfg["dtype"])
-    g = torch.Generator(device="cpu").manual_seed(7)
-    x = torch.randn(m * mb, cfg["seq"], cfg["hidden"], generator=g).to(dev, dt)
-    y = torch.randn(m * mb, cfg["seq"], cfg["hidden"], generator=g).to(dev, dt)
+    g = torch.Generator(device=dev).manual_seed(7)
+    shape = (m * mb, cfg["seq"], cfg["hidden"])
+    return (torch.randn(shape, generator=g, device=dev, dtype=dt),
+            torch.randn(shape, generator=g, device=dev, dtype=dt))
+
+
+def run_schedule(name, rank, P, m, mb, cfg, L, dev, steps, warmup, x, y):
+    """Time one schedule; returns this rank's {"wall": [s...], "ops": [[(name, t0, t1)...] per step], "peak_gib"}."""
     step, params, instrument = build(name, rank, P, m, mb, cfg, L, dev, x, y)
 
     def zero():
@@ -372,7 +377,7 @@ def run_schedule(name, rank, P, m, mb, cfg, L, dev, steps, warmup):
         ops.append(("END", tl.ms(start, end), tl.ms(start, end)))
         timelines.append(ops)
     peak = torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else float("nan")
-    del step, params, instrument, x, y
+    del step, params, instrument
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -399,10 +404,12 @@ def worker(rank, P, port, args, out_path):
         p2p = p2p_one_way_ms(shape, getattr(torch, cfg["dtype"]), dev)
         for cpr in [int(v) for v in args.chunks_per_rank.split(",")]:
             m = cpr * P
+            x, y = batch(m, mb, cfg, dev)
             for name in names:
                 t0 = time.perf_counter()
                 try:
-                    res = run_schedule(name, rank, P, m, mb, cfg, args.layers_per_rank, dev, args.steps, args.warmup)
+                    res = run_schedule(name, rank, P, m, mb, cfg, args.layers_per_rank, dev, args.steps,
+                                       args.warmup, x, y)
                     err = None
                 except Exception:  # recorded; a failure on some ranks only ends in the group timeout
                     res, err = None, traceback.format_exc()
