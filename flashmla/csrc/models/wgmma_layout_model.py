@@ -1,4 +1,4 @@
-"""Numpy model of the wgmma kernel's shared-memory layouts (mirrors ../mla_decode_wgmma.cu).
+"""Numpy model of the wgmma kernel's shared-memory layouts (mirrors ../mla_decode_wgmma.cu, ../wgmma_common.cuh).
 
 TMA 128B-swizzle placement of the Q tile and a K page (address bits 4-6 ^= bits 7-9), wgmma operand
 fetch through the kernel's own descriptor arithmetic read back with the PTX ISA's canonical layouts

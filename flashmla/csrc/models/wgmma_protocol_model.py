@@ -1,6 +1,6 @@
 """Randomised model check of the wgmma kernel's synchronisation (producer, WG1, WG2, TMA engine).
 
-Mirrors the control flow of ../mla_decode_wgmma.cu (update both together): mbarriers with phase
+Mirrors the control flow of ../mla_decode_wgmma.cu and its consumers in ../wgmma_common.cuh (update together): mbarriers with phase
 parity and transaction counts, named barriers over the two consumer warpgroups (each warpgroup is
 one actor), TMA copies that land at random later times. Over random request mixes (0-5 pages each)
 and random interleavings it checks: no deadlock, every read sees the version it expects from its
