@@ -40,7 +40,6 @@ import inspect
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -420,9 +419,19 @@ def worker(rank, P, port, args, out_path):
                     run = {"schedule": name, "micro_batch": mb, "chunks": m, "p2p_ms": p2p,
                            "seconds_total": time.perf_counter() - t0, "error": errs[0] if errs else None}
                     if not errs:
-                        run["wall"] = [max(g["res"]["wall"][i] for g in gathered) for i in range(args.steps)]
-                        run["timelines"] = [g["res"]["ops"] for g in gathered]  # [rank][step][op]
-                        run["peak_gib"] = max(g["res"]["peak_gib"] for g in gathered)
+                        walls = [max(g["res"]["wall"][i] for g in gathered) for i in range(args.steps)]
+                        med = sorted(range(args.steps), key=walls.__getitem__)[args.steps // 2]
+                        stats = {}  # op name -> [total ms, count] over every timed step and rank
+                        for g in gathered:
+                            for ops in g["res"]["ops"]:
+                                for n, a, b in ops:
+                                    if n != "END":
+                                        st = stats.setdefault(n, [0.0, 0])
+                                        st[0] += b - a
+                                        st[1] += 1
+                        run.update(wall=walls, median_step=med, op_stats_ms=stats,
+                                   timelines=[g["res"]["ops"][med] for g in gathered],  # [rank][op], median step
+                                   peak_gib=max(g["res"]["peak_gib"] for g in gathered))
                     results["runs"].append(run)
                     with open(out_path, "w") as f:  # after every schedule: a killed run keeps what it had
                         json.dump(results, f)
@@ -433,21 +442,14 @@ def worker(rank, P, port, args, out_path):
 
 
 # ---- analysis (parent) ---------------------------------------------------------------------------
-def analyse(run, P, steps):
+def analyse(run, P):
     """Step time, measured bubble, op means and our simulator's prediction for one schedule run."""
     from dualpipe import simulate
-    i = sorted(range(steps), key=lambda k: run["wall"][k])[steps // 2]  # the median step
-    step_s = run["wall"][i]
-    busy = [sum(t1 - t0 for n, t0, t1 in tls[i] if n != "END") / 1e3 for tls in run["timelines"]]
-    span = [tls[i][-1][2] / 1e3 for tls in run["timelines"]]
-    sums, counts = {}, {}
-    for tls in run["timelines"]:
-        for tl in tls:
-            for n, t0, t1 in tl:
-                if n != "END":
-                    sums[n] = sums.get(n, 0.0) + (t1 - t0)
-                    counts[n] = counts.get(n, 0) + 1
-    mean = {n: sums[n] / counts[n] / 1e3 for n in sums}  # seconds
+    step_s = run["wall"][run["median_step"]]
+    busy = [sum(t1 - t0 for n, t0, t1 in ops if n != "END") / 1e3 for ops in run["timelines"]]
+    span = [ops[-1][2] / 1e3 for ops in run["timelines"]]
+    counts = {n: c for n, (_, c) in run["op_stats_ms"].items()}
+    mean = {n: total / c / 1e3 for n, (total, c) in run["op_stats_ms"].items()}  # seconds
     F = mean.get("F", float("nan"))
     W = mean.get("W", 0.0)
     if "B" in mean:
@@ -466,7 +468,7 @@ def analyse(run, P, steps):
             "step_s": step_s, "steps_s": run["wall"], "bubble": 1 - sum(busy) / (P * step_s),
             "bubble_per_rank": [1 - b / step_s for b in busy], "span_s": span, "op_mean_s": mean,
             "op_counts": counts, "p2p_s": p2p, "simulated_s": pred, "measured_over_simulated": step_s / pred,
-            "peak_gib": run.get("peak_gib"), "timeline_ms": [tls[i] for tls in run["timelines"]]}
+            "peak_gib": run.get("peak_gib"), "timeline_ms": run["timelines"]}  # per rank, the median step
 
 
 def run_world(P, args):
@@ -578,7 +580,7 @@ def main():
                 print(f"\n{P} ranks, {run['schedule']} mb {run['micro_batch']} chunks {run['chunks']} FAILED:\n"
                       f"{run['error'][-1500:]}")
                 continue
-            rows.append(analyse(run, P, len(run["wall"])))
+            rows.append(analyse(run, P))
         cfg = res["cfg"]
         for mb in sorted({r["micro_batch"] for r in rows}):
             for m in sorted({r["chunks"] for r in rows}):
