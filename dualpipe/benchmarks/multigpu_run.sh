@@ -7,6 +7,8 @@
 # 3. bench_gpu_step.py for PP = number of GPUs: micro-batch 1 and 2, 4xPP and 8xPP chunks, with the
 #    side-stream overlap rows (bench_gpu_step.log, bench_gpu_step.json, bench_gpu_timeline.png)
 # Everything is bounded so the whole script ends within DUALPIPE_RUN_BUDGET seconds (default 570).
+# DUALPIPE_BENCH_ARGS="..." is appended to the benchmark's arguments (later ones win), e.g.
+# "--layers-per-rank 4" or "--micro-batch 1 --only DualPipeV,ScheduleZBVZeroBubble".
 # At most 8 files land in OUTDIR (the device tool returns at most 8): summary.txt, install.log,
 # pytest.log, runtime_errors.json, bench_gpu_step.log/.json, bench_gpu_timeline.png, and only if
 # the benchmark was killed hard, bench_gpu_step.json.rawN.json (what rank 0 had written so far).
@@ -56,7 +58,7 @@ if [ "$NGPU" -ge 2 ]; then
   say "bench_gpu_step.py --procs $NGPU (timeout ${T}s)"
   timeout "$T" "$PY" dualpipe/benchmarks/bench_gpu_step.py "${BENCH_DEV[@]}" --procs "$NGPU" --micro-batch 1,2 \
     --chunks-per-rank 4,8 --steps 5 --warmup 2 --overlap --timeout $(( T - 25 )) \
-    --json "$OUT/bench_gpu_step.json" --plot "$OUT/bench_gpu_timeline.png" > "$OUT/bench_gpu_step.log" 2>&1
+    --json "$OUT/bench_gpu_step.json" --plot "$OUT/bench_gpu_timeline.png" ${DUALPIPE_BENCH_ARGS:-} > "$OUT/bench_gpu_step.log" 2>&1
   say "bench rc=$?: $(tail -1 "$OUT/bench_gpu_step.log")"
 else
   say "fewer than 2 GPUs: no benchmark"
