@@ -47,6 +47,25 @@ def _check_fp8_with_c(m, n, k, x_seed, y_seed):
     _check(d, r)
 
 
+def _check_dense_outputs(x, y):
+    """FP8 dense GEMM of x, y into poisoned BF16, FP32 (+ C) and FP8 outputs, against the reference
+    (FP8 output saturates at the e4m3 range)."""
+    m, n = x.shape[0], y.shape[0]
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, d)
+    _check(d, r, x.float() @ y.float().t())
+    c = torch.randn(m, n, device=DEV)
+    d32 = poisoned((m, n), torch.float32, DEV)
+    dg.fp8_gemm_nt(a, b, d32, c=c)
+    _check(d32, r + c)
+    d8 = poisoned((m, n), torch.float8_e4m3fn, DEV)
+    dg.fp8_gemm_nt(a, b, d8)
+    assert dg.calc_diff(d8.float(), r.clamp(-448, 448)) < 2e-3
+
+
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
 @pytest.mark.parametrize("m", [1, 64, 128, 4096, 37, 1000])
 def test_fp8_gemm_nt(m, nk):
@@ -199,20 +218,8 @@ def test_swap_ab_dense(m, nk, swap, monkeypatch):
     FP32 out with C; FP8 out); N = 1000 ends on a partial 64-row tile."""
     monkeypatch.setenv("DEEPGEMM_SWAP_AB", swap)
     n, k = nk
-    x, y = _rand((m, k), 20 + m), _rand((n, k), 121)  # distinct seeds: row 0 of B must not equal A's row
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    r = torch.empty(m, n, device=DEV)
-    ref.ref_gemm_nt(*a, *b, r)
-    d = poisoned((m, n), torch.bfloat16, DEV)
-    dg.fp8_gemm_nt(a, b, d)
-    _check(d, r, x.float() @ y.float().t())
-    c = torch.randn(m, n, device=DEV)
-    d32 = poisoned((m, n), torch.float32, DEV)
-    dg.fp8_gemm_nt(a, b, d32, c=c)
-    _check(d32, r + c)
-    d8 = poisoned((m, n), torch.float8_e4m3fn, DEV)
-    dg.fp8_gemm_nt(a, b, d8)
-    assert dg.calc_diff(d8.float(), r.clamp(-448, 448)) < 2e-3  # FP8 output saturates at the e4m3 range
+    # distinct seeds: row 0 of B must not equal A's row
+    _check_dense_outputs(_rand((m, k), 20 + m), _rand((n, k), 121))
 
 
 @pytest.mark.parametrize("swap", ["1", "2"])
@@ -328,21 +335,9 @@ def test_multicast_dense(epi, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
     for m, n, k in [(4096, 7168, 2048), (4096, 2112, 7168), (2000, 4096, 512)]:
         x, y = _rand((m, k), m + n), _rand((n, k), k + 3)
-        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-        d = poisoned((m, n), torch.bfloat16, DEV)
-        assert kernels.make_config("dense", True, d, None, n, k, m, 1).mcast == 1
-        dg.fp8_gemm_nt(a, b, d)
-        r = torch.empty(m, n, device=DEV)
-        ref.ref_gemm_nt(*a, *b, r)
-        _check(d, r, x.float() @ y.float().t())
-        c = torch.randn(m, n, device=DEV)
-        d32 = poisoned((m, n), torch.float32, DEV)
-        dg.fp8_gemm_nt(a, b, d32, c=c)
-        _check(d32, r + c)
-        d8 = poisoned((m, n), torch.float8_e4m3fn, DEV)
-        dg.fp8_gemm_nt(a, b, d8)
-        assert dg.calc_diff(d8.float(), r.clamp(-448, 448)) < 2e-3
         db = poisoned((m, n), torch.bfloat16, DEV)
+        assert kernels.make_config("dense", True, db, None, n, k, m, 1).mcast == 1
+        _check_dense_outputs(x, y)
         assert kernels.make_config("dense", False, db, None, n, k, m, 1).mcast == 1
         dg.bf16_gemm_nt(x, y, db)
         _check(db, x.float() @ y.float().t())
