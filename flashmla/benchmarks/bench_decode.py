@@ -2,8 +2,9 @@
 
 Peers: torch scaled_dot_product_attention over the gathered cache (what a user writes without us),
 a Triton split-KV kernel (triton_mla.py, checked against our output before it is timed), the
-plain-PyTorch reference (flashmla.mla_decode_ref). FlashInfer is only probed for (it is not on the
-H200 image used here and was not carried), so there is no FlashInfer column.
+plain-PyTorch reference (flashmla.mla_decode_ref), and FlashInfer's BatchMLAPagedAttentionWrapper
+(flashinfer_mla.py) when `import flashinfer` works (it is not on the H200 image: device_run.sh installs
+carried JIT wheels from .whl/ when present; its kernels compile on first use, outside the timing).
 Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per token), FLOPs =
 2·h_q·s_q·Σseqlen·(576 + 512). Times are medians of CUDA-graph replays (triton do_bench_cudagraph).
 
@@ -103,9 +104,12 @@ def main():
     except ImportError as e:
         print(f"triton baseline unavailable: {e}")
         triton_ok = False
+    fi_ok, fi_first = have_fi, True
+    if fi_ok:
+        from flashinfer_mla import FlashInferMLA
     hdr = (f"{'batch':>5} {'seqlen':>6} {'h_q':>4} {'s_q':>3} {'kind':>7} | {'ours us':>8} {'GB/s':>6} "
            f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'triton':>8} {'x':>5} | "
-           f"{'ref us':>8} {'x':>6}" + "".join(f" | {k[:8]:>8} {'TFLOPS':>6} {'speed':>5}" for k in kernels[1:]))
+           f"{'ref us':>8} {'x':>6} | {'flashinf':>8} {'x':>5}" + "".join(f" | {k[:8]:>8} {'TFLOPS':>6} {'speed':>5}" for k in kernels[1:]))
     print(hdr)
     if args.fp8_only and not args.fp8:
         ap.error("--fp8-only needs --fp8")
@@ -169,6 +173,25 @@ def main():
             except Exception as e:  # noqa: BLE001 - a broken peer must not stop the benchmark
                 print(f"      triton baseline failed: {type(e).__name__}: {str(e)[:200]}")
                 triton_ok = False
+        rec["flashinfer_s"] = float("nan")
+        if fi_ok:
+            try:
+                t0 = time.perf_counter()
+                fi = FlashInferMLA(q, kc, bt, sl, causal)
+                fo = fi.run()
+                torch.cuda.synchronize()
+                if fi_first:  # the first call compiles FlashInfer's kernels (JIT)
+                    fi_first = False
+                    print(f"      flashinfer first call (JIT compile + plan): {time.perf_counter() - t0:.1f} s")
+                cos = torch.nn.functional.cosine_similarity(fo.float().flatten(), out.float().flatten(), dim=0)
+                if cos > 0.9999:
+                    rec["flashinfer_s"] = bench_graph(fi.run, rep_ms=20)
+                else:
+                    print(f"      flashinfer disagrees with ours (cosine {cos.item():.6f}): not timed")
+                del fi, fo
+            except Exception as e:  # noqa: BLE001 - a broken peer must not stop the benchmark
+                print(f"      flashinfer failed: {type(e).__name__}: {str(e)[:300]}")
+                fi_ok = False
         if batch == batches[0] and kind == "uniform":   # the Python-loop reference is slow: a subset
             flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
             torch.cuda.synchronize()
@@ -183,7 +206,8 @@ def main():
         print(f"{batch:>5} {L:>6} {h_q:>4} {s_q:>3} {kind:>7} | {t * 1e6:8.1f} {rec['gbps']:6.0f} "
               f"{rec['tflops']:6.1f} {100 * rec['frac_bw']:4.0f} {100 * rec['frac_mma']:4.0f} | "
               f"{ts * 1e6:8.1f} {ts / t:5.1f} | {rec['triton_s'] * 1e6:8.1f} {rec['triton_s'] / t:5.1f} | "
-              f"{rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f}{extra}", flush=True)
+              f"{rec['ref_s'] * 1e6:8.0f} {rec['ref_s'] / t:6.0f} | "
+              f"{rec['flashinfer_s'] * 1e6:8.1f} {rec['flashinfer_s'] / t:5.2f}{extra}", flush=True)
         del q, kc, bt, sl
         torch.cuda.empty_cache()
     if args.fp8 and flashmla.api._C.fp8_kernel():

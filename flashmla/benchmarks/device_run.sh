@@ -6,6 +6,9 @@
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone);
 # 3. all GPU tests (both kernels, BF16 and FP8); 4. bench_decode.py --kernels auto,default, quick
 # table + the FP8 table (FP8 under default and wgmma beside BF16), then the full one until 570 s.
+# FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
+# apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
+# flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
 # Logs and JSON go to OUTDIR. Fits the 600 s limit of one device call.
 set -uo pipefail
 START=$(date +%s); left() { echo $(( 570 - ($(date +%s) - START) )); }   # seconds left of the call
@@ -13,6 +16,10 @@ OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/wheels.log" 2>&1 \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}; echo "carried wheels: rc=$?"
+fi
 t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
@@ -39,6 +46,10 @@ t0=$(date +%s)
 timeout 120 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider ${SEL[@]+"${SEL[@]}"} >"$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
 grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
+if "$PY" -c "import flashinfer" >/dev/null 2>&1; then   # JIT-compile and check FlashInfer's MLA once
+  timeout 240 "$PY" flashmla/benchmarks/flashinfer_mla.py >"$OUT/flashinfer_check.log" 2>&1
+  echo "flashinfer check: rc=$?"; tail -8 "$OUT/flashinfer_check.log"
+fi
 # the quick table first (16 shapes, includes h_q = 128), then the full one in the time that is left
 timeout 170 "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --fp8-kernels "$FP8_KERNELS" \
   --json "$OUT/bench_quick.json" \
