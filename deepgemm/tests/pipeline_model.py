@@ -128,7 +128,7 @@ def find_violation(stages: int, kb: int, tiles: int, ksplit: int, runs: int = 20
 
 
 def simulate_mcast(stages: int, kb: int, tiles: int, nwg: int, seed: int, in_order_tma: bool = False,
-                   remote_release: bool = True) -> list[str]:
+                   remote_release: bool = True, ksplit: bool = False) -> list[str]:
     """MCAST = 1: a cluster of two CTAs computing `tiles` tile pairs of `kb` K blocks. Each CTA's
     producer waits on its own empty barrier, arms its own full barrier for its A part and both halves of
     B, loads its A and multicasts its half of B into both CTAs. Each of the `nwg` consumer warpgroups of
@@ -136,16 +136,30 @@ def simulate_mcast(stages: int, kb: int, tiles: int, nwg: int, seed: int, in_ord
     the empty barriers count 2·nwg arrivals (nwg without remote_release, the broken variant). A read
     checks that the stage holds this fill's A and both B halves ("early read" otherwise, which also
     catches a peer's multicast overwriting a stage still in use). Both CTAs leave through a cluster
-    barrier, so the run ends when every thread of both is done."""
+    barrier, so the run ends when every thread of both is done. ksplit: the two warpgroups of a CTA take
+    alternate K blocks (kb % 2) instead of every fill; each fill is then released by one warpgroup per CTA."""
     rng = random.Random(seed)
-    count = 2 * nwg if remote_release else nwg
+    readers = 1 if ksplit else nwg  # warpgroups of one CTA that read (and release) each fill
+    count = 2 * readers if remote_release else readers
     full = [[MBarrier(1) for _ in range(stages)] for _ in range(2)]
     empty = [[MBarrier(count) for _ in range(stages)] for _ in range(2)]
     landed = [[[-1, -1, -1] for _ in range(stages)] for _ in range(2)]  # [cta][stage][A, B half 0, B half 1]
     in_flight: list[tuple[int, int, int]] = []  # (destination cta, part, fill)
     total = tiles * kb
     prod = [0, 0]
+    # each warpgroup's program: its fills in order (K split: its K blocks of every tile, then the named
+    # barrier 3 that both warpgroups of the CTA pass at the end of every tile, as in simulate())
+    progs = []
+    for w in range(nwg):
+        p = []
+        for t in range(tiles):
+            p += [("fill", t * kb + k) for k in range(kb) if not ksplit or k % nwg == w]
+            if ksplit:
+                p.append(("bar3", t))
+        progs.append(p)
     pc = [[0] * nwg for _ in range(2)]
+    bar3 = [[0] * tiles for _ in range(2)]
+    arrived = [[False] * nwg for _ in range(2)]
     viol: list[str] = []
     while True:
         actions = []
@@ -154,9 +168,12 @@ def simulate_mcast(stages: int, kb: int, tiles: int, nwg: int, seed: int, in_ord
             if i < total and empty[c][i % stages].passes(((i // stages) & 1) ^ 1):
                 actions.append(("produce", c, 0))
             for w in range(nwg):
-                i = pc[c][w]
-                if i < total and full[c][i % stages].passes((i // stages) & 1):
-                    actions.append(("consume", c, w))
+                if pc[c][w] < len(progs[w]):
+                    op, i = progs[w][pc[c][w]]
+                    if op == "fill" and full[c][i % stages].passes((i // stages) & 1):
+                        actions.append(("consume", c, w))
+                    if op == "bar3" and (not arrived[c][w] or bar3[c][i] == nwg):
+                        actions.append(("consume", c, w))
         if in_flight:
             actions.append(("land", 0, 0))
         if not actions:
@@ -172,8 +189,16 @@ def simulate_mcast(stages: int, kb: int, tiles: int, nwg: int, seed: int, in_ord
             dst, part, i = in_flight.pop(0 if in_order_tma else rng.randrange(len(in_flight)))
             landed[dst][i % stages][part] = i
             full[dst][i % stages].complete_tx(1)
+        elif progs[w][pc[c][w]][0] == "bar3":  # bar.sync 3: arrive, then pass once both have arrived
+            t_ = progs[w][pc[c][w]][1]
+            if not arrived[c][w]:
+                arrived[c][w] = True
+                bar3[c][t_] += 1
+            else:
+                arrived[c][w] = False
+                pc[c][w] += 1
         else:
-            i = pc[c][w]
+            i = progs[w][pc[c][w]][1]
             s = i % stages
             if landed[c][s] != [i, i, i]:
                 viol.append(f"early read: cta {c} warpgroup {w} read fill {i} from stage {s} holding {landed[c][s]}")
@@ -182,7 +207,7 @@ def simulate_mcast(stages: int, kb: int, tiles: int, nwg: int, seed: int, in_ord
             if remote_release and not empty[1 - c][s].arrive():
                 viol.append(f"over-arrival on empty[{1 - c}][{s}] from cta {c} (fill {i})")
             pc[c][w] += 1
-    if prod != [total, total] or any(p < total for row in pc for p in row):
+    if prod != [total, total] or any(pc[c][w] < len(progs[w]) for c in range(2) for w in range(nwg)):
         viol.append(f"deadlock: producers at {prod}/{total}, consumers at {pc}")
     if in_flight:
         viol.append(f"exit with TMA in flight: {in_flight}")

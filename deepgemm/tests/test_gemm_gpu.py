@@ -327,9 +327,9 @@ def test_epilogues_and_block_sizes(epi, num_sms, ksplit, monkeypatch):
 
 @pytest.mark.parametrize("epi", ["staged", "direct"])
 def test_multicast_dense(epi, monkeypatch):
-    """DEEPGEMM_MULTICAST=1: 2-CTA clusters sharing B through TMA multicast (dense, BM = 128, an even
-    number of M blocks): FP8 with BF16 / FP32 (+ C) / FP8 output, BF16 GEMM, a partial last N tile
-    (N = 2112), a graph replay; an odd number of M blocks falls back to the plain kernel."""
+    """DEEPGEMM_MULTICAST=1: 2-CTA clusters sharing B (dense, BM = 128, an even number of M blocks) or A
+    (pairs along N: small M, odd M blocks, masked) through TMA multicast: FP8 with BF16 / FP32 (+ C) / FP8
+    output, BF16 GEMM, a partial last N tile (N = 2112), a graph replay, masked groups with empty ones."""
     from deepgemm.jit import kernels
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
@@ -355,12 +355,21 @@ def test_multicast_dense(epi, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(d, eager)
-    m = 3900  # 31 M blocks: no multicast
-    x = _rand((m, k), 7)
-    a = dg.per_token_cast_to_fp8(x)
-    d = poisoned((m, n), torch.bfloat16, DEV)
-    assert kernels.make_config("dense", True, d, None, n, k, m, 1).mcast == 0
-    dg.fp8_gemm_nt(a, b, d)
-    r = torch.empty(m, n, device=DEV)
-    ref.ref_gemm_nt(*a, *b, r)
-    _check(d, r)
+    # small M, and M blocks that do not pair up: pairs along N share A (mcast 2), K split included
+    for m, n, k in [(1, 4096, 7168), (5, 7168, 2048), (64, 7168, 2048), (100, 2112, 7168), (3900, 4096, 7168)]:
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        cfg = kernels.make_config("dense", True, d, None, n, k, m, 1)
+        assert cfg.mcast == (2 if -(-n // cfg.bn) % 2 == 0 else 0), cfg
+        _check_dense_outputs(_rand((m, k), m + 11), _rand((n, k), n + 13))
+    g, m_max, n, k = 8, 64, 4096, 7168  # masked, with empty groups
+    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
+    x, y = _rand((g, m_max, k), 40), _rand((g, n, k), 41)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=32)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
+    for gi, mg in enumerate(mm.tolist()):
+        assert d[gi, mg:].float().isnan().all()
+        if mg:
+            _check(d[gi, :mg], r[gi, :mg])

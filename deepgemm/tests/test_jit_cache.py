@@ -119,8 +119,10 @@ def test_pipelined_kernel_falls_back_when_it_spills(monkeypatch):
 
     def fake_build(cfg):
         built.append(cfg.pipe)
-        report = "16 bytes stack frame, 16 bytes spill stores" if cfg.pipe and cfg.bn == 112 else "0 bytes stack frame"
-        return f"cubin pipe={cfg.pipe}".encode(), compiler.CompileRecord("k", "key", "custom", 0.0, ptxas=report)
+        spill = (cfg.pipe or cfg.mcast) and cfg.bn == 112
+        report = "16 bytes stack frame, 16 bytes spill stores" if spill else "0 bytes stack frame"
+        return f"cubin pipe={cfg.pipe} mcast={cfg.mcast}".encode(), compiler.CompileRecord("k", "key", "custom", 0.0,
+                                                                                          ptxas=report)
 
     class FakeKernel:
         def __init__(self, cubin, name, smem):
@@ -131,8 +133,13 @@ def test_pipelined_kernel_falls_back_when_it_spills(monkeypatch):
     monkeypatch.setattr(kernels, "_kernels", {})
     spilling = kernels.Config(0, True, 0, 0, 7168, 2048, 64, 112, 10, 0, 0, 0, 1)
     fitting = kernels.Config(0, True, 0, 0, 7168, 2048, 64, 128, 9, 0, 0, 0, 1)
-    assert kernels.get_kernel(spilling).cubin == b"cubin pipe=0" and built == [1, 0]
-    assert kernels.get_kernel(fitting).cubin == b"cubin pipe=1" and built == [1, 0, 1]
+    kern, eff = kernels.get_kernel(spilling)
+    assert kern.cubin == b"cubin pipe=0 mcast=0" and eff.pipe == 0 and built == [1, 0]
+    kern, eff = kernels.get_kernel(fitting)
+    assert kern.cubin == b"cubin pipe=1 mcast=0" and eff == fitting and built == [1, 0, 1]
+    # a multicast kernel that spills falls back to the plain one, and launches follow its config
+    kern, eff = kernels.get_kernel(kernels.replace(spilling, pipe=0, ksplit=1, mcast=2))
+    assert kern.cubin == b"cubin pipe=0 mcast=0" and eff.mcast == 0 and eff.ksplit == 1
 
 
 def test_small_m_switches(monkeypatch):
@@ -212,8 +219,9 @@ def test_make_config_switches(monkeypatch):
 
 
 def test_multicast_switch(monkeypatch):
-    """DEEPGEMM_MULTICAST=1 clusters dense BM = 128 tiles in pairs (even M blocks only); the source gets
-    __cluster_dims__ and the MCAST template argument; other layouts, odd M blocks, BM = 64 stay plain."""
+    """DEEPGEMM_MULTICAST=1 clusters dense BM = 128 tiles in pairs along M sharing B (even M blocks), else
+    dense/masked tiles in pairs along N sharing A (even N blocks); the source gets __cluster_dims__ and
+    the MCAST template argument; the contiguous layout stays plain."""
     import torch
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     assert kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1).mcast == 0  # off by default
@@ -222,12 +230,16 @@ def test_multicast_switch(monkeypatch):
     src = kernels.kernel_source(cfg)
     assert cfg.mcast == 1 and cfg.bm == 128 and "__cluster_dims__(2, 1, 1)" in src
     assert f"{cfg.stages}, {cfg.epi}, 0, 0, 1>(" in src
-    assert kernels.make_config("dense", True, d, None, 7168, 2048, 3900, 1).mcast == 0  # 31 M blocks
-    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).mcast == 0  # BM = 64
-    assert kernels.make_config("contiguous", True, d, None, 4096, 7168, 8192, 4).mcast == 0
-    assert kernels.make_config("masked", True, d, None, 4096, 7168, 256, 32).mcast == 0
     assert kernels.make_config("dense", False, d, None, 4096, 7168, 4096, 1).mcast == 1  # BF16 too
-    assert "__cluster_dims__" not in kernels.kernel_source(kernels.make_config("dense", True, d, None, 7168, 2048, 3900, 1))
+    assert kernels.make_config("contiguous", True, d, None, 4096, 7168, 8192, 4).mcast == 0
+    # small M (and M blocks that do not pair up): pairs along N share A, where the N blocks pair up
+    for kind, n, k, m, g in [("dense", 7168, 2048, 64, 1), ("dense", 4096, 7168, 1, 1), ("masked", 4096, 7168, 32, 32),
+                             ("dense", 7168, 2048, 3900, 1)]:
+        c = kernels.make_config(kind, True, d, None, n, k, m, g)
+        assert c.mcast == (2 if -(-n // c.bn) % 2 == 0 else 0), c
+        if c.mcast:
+            assert "__cluster_dims__(2, 1, 1)" in kernels.kernel_source(c) and f", 0, 2>(" in kernels.kernel_source(c)
+    assert any(kernels.make_config("dense", True, d, None, n, 2048, 64, 1).mcast == 2 for n in (2112, 4096, 7168, 24576))
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "2")
     with pytest.raises(ValueError, match="DEEPGEMM_MULTICAST"):
         kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)

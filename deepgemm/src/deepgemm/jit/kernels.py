@@ -34,8 +34,9 @@ SWAP_MAX_M = 16
 # FP8 without the K split: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1 overrides.
 # Off by default: compile-checked, not yet measured.
 PIPE_DEFAULT = "0"
-# Dense, BM = 128: 2-CTA clusters along M share each B tile through TMA multicast (3/4 of the L2->SM
-# bytes); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: compile-checked, not yet measured.
+# 2-CTA clusters sharing one operand through TMA multicast: dense BM = 128 tiles in pairs along M share
+# B (mcast 1); otherwise dense/masked tiles in pairs along N share A (mcast 2: small M, where every CTA
+# re-reads the same A rows); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: compile-checked, not yet measured.
 MULTICAST_DEFAULT = "0"
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -62,7 +63,7 @@ class Config:
     ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
     swap: int = 0  # 1 / 2 (FP8, M <= 16): swap-AB kernel (2: pipelined); bm = rows of A per tile (8 / 16), bn = 64
     pipe: int = 0  # 1 (FP8, no K split): two K blocks in flight per consumer warpgroup
-    mcast: int = 0  # 1 (dense, BM = 128, even M blocks): 2-CTA clusters multicasting B
+    mcast: int = 0  # 2-CTA clusters: 1 multicast B (dense, BM = 128, even M blocks); 2 multicast A (even N blocks)
 
     @property
     def threads(self) -> int:
@@ -170,9 +171,14 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
     pipe = int(fp8 and not ksplit and pipe_env == "1")
     if mcast_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
-    # the two CTAs of a cluster take M blocks 2p and 2p + 1: an even count, and a grid of >= 2 CTAs
-    mcast = int(mcast_env == "1" and kind == "dense" and bm == 128 and not ksplit and not pipe and bn % 16 == 0
-                and ceil_div(m_hint, bm) % 2 == 0 and num_sms >= 2)
+    # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
+    # an even count of those, and a grid of >= 2 CTAs
+    mcast = 0
+    if mcast_env == "1" and not pipe and num_sms >= 2:
+        if kind == "dense" and bm == 128 and not ksplit and bn % 16 == 0 and ceil_div(m_hint, bm) % 2 == 0:
+            mcast = 1
+        elif kind in ("dense", "masked") and ceil_div(n, bn) % 2 == 0:
+            mcast = 2
     return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe,
                   mcast)
 
@@ -208,7 +214,7 @@ def kernel_source(cfg: Config) -> str:
         body = "gemm_body"
         args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
                 f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}"
-                + (f", {cfg.pipe}, 1" if cfg.mcast else ", 1" if cfg.pipe else ""))
+                + (f", {cfg.pipe}, {cfg.mcast}" if cfg.mcast else ", 1" if cfg.pipe else ""))
         headers = compiler.read_header()
         mma_n = cfg.bn
     return (
@@ -237,24 +243,30 @@ def _build(cfg: Config):
         return compiler.build("deepgemm_kernel", src, asdict(cfg), backend="nvcc")
 
 
-_kernels: dict[Config, runtime.Kernel] = {}
+_kernels: dict[Config, tuple[runtime.Kernel, Config]] = {}
 _kernels_guard = threading.Lock()
 
 
-def get_kernel(cfg: Config) -> runtime.Kernel:
-    kern = _kernels.get(cfg)
-    if kern is not None:
-        return kern
+def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
+    """The compiled kernel for cfg and the configuration it was built with: a pipelined (PIPE) or
+    multicast kernel whose ptxas report shows spills is replaced by the plain one (launches follow
+    the returned configuration: multicast changes the grid and the tensor-map boxes)."""
+    hit = _kernels.get(cfg)
+    if hit is not None:
+        return hit
     with _kernels_guard:
-        kern = _kernels.get(cfg)
-        if kern is None:
-            cubin, rec = _build(cfg)
-            if cfg.pipe and compiler.spills(rec.ptxas):  # three register tiles did not fit: one K block in flight
-                cubin, rec = _build(replace(cfg, pipe=0))
-            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi,
-                                                                          cfg.ksplit, cfg.swap))
-            _kernels[cfg] = kern
-    return kern
+        hit = _kernels.get(cfg)
+        if hit is None:
+            eff = cfg
+            cubin, rec = _build(eff)
+            for field in ("pipe", "mcast"):  # three register tiles / the cluster bookkeeping did not fit
+                if getattr(eff, field) and compiler.spills(rec.ptxas):
+                    eff = replace(eff, **{field: 0})
+                    cubin, rec = _build(eff)
+            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi,
+                                                                          eff.ksplit, eff.swap))
+            hit = _kernels[cfg] = (kern, eff)
+    return hit
 
 
 # launch
@@ -262,18 +274,21 @@ _NULL_DESC = runtime.TmaDesc()
 
 
 def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups: int, tiles: int) -> None:
-    kern = get_kernel(cfg)
+    kern, cfg = get_kernel(cfg)
     k, n = cfg.k, cfg.n
     kel = 128 if cfg.fp8 else 64
     dt = runtime.DT_UINT8 if cfg.fp8 else runtime.DT_BFLOAT16
     esize = a.element_size()
     rows_a, rows_b = a.numel() // k, b.numel() // k
     # small M: load only the rows that exist (rounded to the 8-row swizzle atom), not BM
-    a_box = min(cfg.bm, ceil_div(m_sched, 8) * 8)
+    align = 16 if cfg.mcast == 2 else 8  # multicast of A: two halves of whole 8-row swizzle atoms
+    a_box = min(cfg.bm, ceil_div(m_sched, align) * align)
     sfa_box = min(cfg.bm, ceil_div(m_sched, 4) * 4)
-    tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, a_box, runtime.SWIZZLE_128B)
+    # multicast of A: each CTA of a cluster loads one half of the A box into both (a_box % 16 == 0)
+    box_a = a_box // 2 if cfg.mcast == 2 else a_box
+    tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, box_a, runtime.SWIZZLE_128B)
     # multicast: each CTA of a cluster loads one half of the B tile into both
-    box_b = cfg.bn // 2 if cfg.mcast else cfg.bn
+    box_b = cfg.bn // 2 if cfg.mcast == 1 else cfg.bn
     tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, box_b, runtime.SWIZZLE_128B)
     if cfg.fp8:
         # sfa: [(G,) M, KB] MN-major with the MN stride padded to 4: a row-major [(G*)KB, M_al] view

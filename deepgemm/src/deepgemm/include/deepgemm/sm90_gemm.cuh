@@ -97,20 +97,25 @@ __device__ __forceinline__ unsigned short pack_fp8(float lo, float hi) {
 }
 
 // ---- tile scheduler (identical sequence in producer and consumers) ---------------------------
-// MC = 1 (dense only; 2-CTA clusters along M): the two CTAs of a cluster walk the same sequence of
-// (M block pair, N block) units and take M blocks 2p and 2p + 1, so they share every B tile (the host
-// guarantees an even number of M blocks and an even grid).
+// 2-CTA clusters (cluster rank = blockIdx.x % 2 for cluster dims (2, 1, 1)): both CTAs of a cluster walk
+// the same sequence of units. MC = 1 (dense): a unit is an (M block pair, N block), the CTAs take M blocks
+// 2p and 2p + 1 and share the B tile (the host guarantees an even number of M blocks). MC = 2 (dense,
+// masked): a unit is an (M block, N block pair), the CTAs take N blocks 2p and 2p + 1 and share the A tile
+// (the host guarantees an even number of N blocks). The grid is even.
 template <int KIND, int BM, int NB, int MC = 0>
 struct Scheduler {
+  static constexpr int NU = MC == 2 ? NB / 2 : NB;  // N units
   int M, G, t, num_mb, cur_g, g_base;
   const int* grouped;
   __device__ Scheduler(int m, int g, const int* gr)
       : M(m), G(g), t(MC ? (int)(blockIdx.x >> 1) - (int)(gridDim.x >> 1) : (int)blockIdx.x - (int)gridDim.x),
-        num_mb(MC ? (m + BM - 1) / BM / 2 : (m + BM - 1) / BM), cur_g(0), g_base(0), grouped(gr) {}
+        num_mb(MC == 1 ? (m + BM - 1) / BM / 2 : (m + BM - 1) / BM), cur_g(0), g_base(0), grouped(gr) {}
 
   __device__ bool next(int& m_blk, int& n_blk, int& g) {
     constexpr int kBand = 16;  // N blocks per raster band: concurrent tiles share A rows and B rows in L2
-    static_assert(!MC || KIND == kDense, "multicast: dense layout only");
+    static_assert(MC != 1 || KIND == kDense, "multicast of B: dense layout only");
+    static_assert(MC != 2 || (KIND != kContiguous && NB % 2 == 0), "multicast of A: dense or masked, even N blocks");
+    const int rank = (int)(blockIdx.x & 1);
     while (true) {
       t += MC ? (int)(gridDim.x >> 1) : (int)gridDim.x;
       if (KIND == kMasked) {
@@ -118,20 +123,22 @@ struct Scheduler {
           int mg = grouped[cur_g];
           mg = mg < 0 ? 0 : (mg > M ? M : mg);
           const int mb = (mg + BM - 1) / BM;
-          if (t < g_base + mb * NB) {
+          if (t < g_base + mb * NU) {
             const int loc = t - g_base;
             n_blk = loc / mb; m_blk = loc - n_blk * mb; g = cur_g;
+            if (MC == 2) n_blk = 2 * n_blk + rank;
             return true;
           }
-          g_base += mb * NB; ++cur_g;
+          g_base += mb * NU; ++cur_g;
         }
         return false;
       }
-      if (t >= num_mb * NB) return false;
+      if (t >= num_mb * NU) return false;
       const int band = t / (num_mb * kBand), rem = t - band * num_mb * kBand;
-      const int n0 = band * kBand, bw = NB - n0 < kBand ? NB - n0 : kBand;
+      const int n0 = band * kBand, bw = NU - n0 < kBand ? NU - n0 : kBand;
       m_blk = rem / bw; n_blk = n0 + rem % bw; g = 0;
-      if (MC) m_blk = 2 * m_blk + (int)(blockIdx.x & 1);  // cluster rank = blockIdx.x % 2 for cluster (2, 1, 1)
+      if (MC == 1) m_blk = 2 * m_blk + rank;
+      if (MC == 2) n_blk = 2 * n_blk + rank;
       if (KIND == kContiguous) {
         g = grouped[m_blk * BM];
         if (g < 0) continue;  // a block of padding rows: nothing to compute or write
@@ -163,12 +170,13 @@ struct SmemPlan {
 // stage must never alternate between the warpgroups within a tile (named barrier 3 orders them
 // across tiles). With odd STAGES a warpgroup could pass the wait while the other's TMA load into
 // that stage was still in flight (see stages_ok_for_ksplit in deepgemm/jit/kernels.py).
-// MCAST = 1 (dense, no KSPLIT/PIPE; kernel launched in 2-CTA clusters along M): the two CTAs of a
-// cluster compute vertically adjacent tiles with the same B tile; each producer loads its own A and one
-// half of B, multicast into both CTAs, so each SM pulls 3/4 of the bytes from L2. A stage may then be
-// refilled only when the consumers of both CTAs have released it: every consumer warp arrives on the
-// empty barrier of its own CTA and of the peer (count doubled). No CTA exits before its peer (cluster
-// barrier at the end): the peer may still multicast into it or arrive on its barriers.
+// MCAST (kernel launched in 2-CTA clusters): 1 (dense, no KSPLIT/PIPE): the two CTAs of a cluster compute
+// vertically adjacent tiles with the same B tile; each producer loads its own A and one half of B,
+// multicast into both CTAs. 2 (dense or masked, no PIPE; small M): horizontally adjacent tiles with the
+// same A tile; each loads its own B and one half of A's box. Either way each SM pulls fewer bytes from
+// L2. A stage may then be refilled only when the consumers of both CTAs have released it: every consumer
+// warp arrives on the empty barrier of its own CTA and of the peer (count doubled). No CTA exits before
+// its peer (cluster barrier at the end): the peer may still multicast into it or arrive on its barriers.
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
           int PIPE = 0, int MCAST = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
@@ -179,7 +187,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
   static_assert(!PIPE || (FP8 && !KSPLIT && STAGES >= 2), "PIPE: FP8 without KSPLIT, >= 2 stages");
-  static_assert(!MCAST || (KIND == kDense && !KSPLIT && !PIPE && BN % 16 == 0), "MCAST: dense, no KSPLIT/PIPE, BN % 16 == 0");
+  static_assert(MCAST != 1 || (KIND == kDense && !KSPLIT && !PIPE && BN % 16 == 0), "MCAST 1: dense, no KSPLIT/PIPE, BN % 16 == 0");
+  static_assert(MCAST != 2 || (KIND != kContiguous && !PIPE), "MCAST 2: dense or masked, no PIPE");
   constexpr int B_HALF = BN / 2 * 128;  // MCAST: bytes of one CTA's half of the B tile (1024-aligned)
   constexpr int KEL = FP8 ? 128 : 64;  // elements per 128-byte K block
   constexpr int KB = K / KEL;
@@ -242,8 +251,13 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           mbar_wait(empty, ph ^ 1);
           // A's box may be shorter than BM when M is (rows past it hold stale data: never stored)
           mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + (FP8 ? sfa_box * 4 : 0));
-          tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * KEL, a_row);
-          if constexpr (MCAST) {
+          if constexpr (MCAST == 2) {  // a_box_rows is a multiple of 16 (host): 1024-aligned halves
+            const int r = (int)(blockIdx.x & 1), half = a_box_rows / 2;
+            tma_load_2d_mcast(sA + s * A_BYTES + r * half * 128, &tma_a, full, kb * KEL, a_row + r * half, 3);
+          } else {
+            tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * KEL, a_row);
+          }
+          if constexpr (MCAST == 1) {
             const int r = (int)(blockIdx.x & 1);
             tma_load_2d_mcast(sB + s * B_BYTES + r * B_HALF, &tma_b, full, kb * KEL, b_row + r * (BN / 2), 3);
           } else {
