@@ -209,10 +209,10 @@ def main():
              ("dense", 64, 7168, 2048), ("dense", 64, 2112, 7168), ("dense", 64, 24576, 1536),
              ("dense", 128, 7168, 2048), ("dense", 128, 4096, 7168), ("dense", 64, 4096, 7168),
              ("masked", 8, 4096, 7168), ("masked", 32, 7168, 2048), ("dense", 4096, 7168, 2048), ("dense", 4096, 4096, 7168)]
-    large = [("dense", 4096, n, k) for n, k in DENSE_NK]  # where 2-CTA multicast applies (BM = 128)
+    large = [("dense", 4096, n, k) for n, k in DENSE_NK]  # multicast of B (BM = 128); small M: of A
     for spec in args.compare:
         env, values = spec.split("=")
-        for layout, m, n, k in (large if env == "DEEPGEMM_MULTICAST" else cases):
+        for layout, m, n, k in (large + cases if env == "DEEPGEMM_MULTICAST" else cases):
             res = {}
             for val in values.split(","):
                 os.environ[env] = val
