@@ -27,6 +27,8 @@
 namespace flashmla {
 namespace {
 
+constexpr int PF = 3;  // L2 prefetch distance in pages (as the mma.sync kernel)
+
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
@@ -74,8 +76,13 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       for (int j = 0; j < NSLAB; ++j) tma_load_2d(uQ + j * SLAB, &tmQ, j * 64, b * m + row_base, bar_qfull);
       ++qn;
       const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+      const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.kcache);
+      // pages PF ahead into L2 while the producer waits for a free stage: with two stages only one
+      // page is in flight from HBM otherwise, which caps a memory-bound CTA below its bandwidth share
+      for (int p = w.kbeg + 1; p < min(w.kbeg + PF, w.kend); ++p) prefetch_l2_bulk(kc + (int64_t)bt[p] * PAGE * D_QK, TILE);
       for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
         const int s = it & 1;
+        if (blk + PF < w.kend) prefetch_l2_bulk(kc + (int64_t)bt[blk + PF] * PAGE * D_QK, TILE);
         mbar_wait(uBar + 16 + 8 * s, ((it >> 1) & 1) ^ 1);
         mbar_expect_tx(uBar + 8 * s, TILE);
         const int row = bt[blk] * PAGE;
