@@ -222,22 +222,28 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const SmemPtr
           }
           fence_async_smem();
           bar_sync(BAR_P_FULL, 256);
+          // the running max rarely moves on long requests: skip the rescale when it did not for
+          // any row of the warp (alpha == 1 exactly)
+          if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[j * 4 + 0] *= alpha[0];
-            o[j * 4 + 1] *= alpha[0];
-            o[j * 4 + 2] *= alpha[1];
-            o[j * 4 + 3] *= alpha[1];
+            for (int j = 0; j < 32; ++j) {
+              o[j * 4 + 0] *= alpha[0];
+              o[j * 4 + 1] *= alpha[0];
+              o[j * 4 + 2] *= alpha[1];
+              o[j * 4 + 3] *= alpha[1];
+            }
           }
         } else {
           bar_sync(BAR_P_FULL, 256);
           const float al0 = sAlpha[r_loc[0]], al1 = sAlpha[r_loc[1]];
+          if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
 #pragma unroll
-          for (int j = 0; j < 32; ++j) {
-            o[j * 4 + 0] *= al0;
-            o[j * 4 + 1] *= al0;
-            o[j * 4 + 2] *= al1;
-            o[j * 4 + 3] *= al1;
+            for (int j = 0; j < 32; ++j) {
+              o[j * 4 + 0] *= al0;
+              o[j * 4 + 1] *= al0;
+              o[j * 4 + 2] *= al1;
+              o[j * 4 + 3] *= al1;
+            }
           }
         }
         // ---- O[:, ch*256 ..] += (P_hi + P_lo) V, V slabs 4*ch .. 4*ch+3 as MN-major B
