@@ -66,6 +66,23 @@ def _check_dense_outputs(x, y):
     assert dg.calc_diff(d8.float(), r.clamp(-448, 448)) < 2e-3
 
 
+def _check_masked_8x64(seed):
+    """FP8 masked GEMM, 8 groups x 64 rows (two empty-or-full, the rest partial), N = 4096, K = 7168, into
+    poisoned BF16: valid rows match the reference, rows past masked_m stay untouched (NaN)."""
+    g, m_max, n, k = 8, 64, 4096, 7168
+    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
+    x, y = _rand((g, m_max, k), seed), _rand((g, n, k), seed + 1)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=32)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
+    for gi, mg in enumerate(mm.tolist()):
+        assert d[gi, mg:].float().isnan().all()
+        if mg:
+            _check(d[gi, :mg], r[gi, :mg])
+
+
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
 @pytest.mark.parametrize("m", [1, 64, 128, 4096, 37, 1000])
 def test_fp8_gemm_nt(m, nk):
@@ -253,18 +270,7 @@ def test_pipelined_fp8(epi, monkeypatch):
     for m, n, k in [(1, 7168, 16384), (64, 7168, 2048), (128, 2112, 7168), (1000, 4096, 7168), (3, 4096, 384),
                     (40, 2112, 128), (4096, 7168, 2048)]:
         _check_fp8_with_c(m, n, k, m + 1, n + 1)
-    g, m_max, n, k = 8, 64, 4096, 7168
-    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
-    x, y = _rand((g, m_max, k), 30), _rand((g, n, k), 31)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=32)
-    r = torch.full((g, m_max, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
-    for gi, mg in enumerate(mm.tolist()):
-        assert d[gi, mg:].float().isnan().all()
-        if mg:
-            _check(d[gi, :mg], r[gi, :mg])
+    _check_masked_8x64(30)
 
 
 def test_torch_compile_cuda():
@@ -361,15 +367,4 @@ def test_multicast_dense(epi, monkeypatch):
         cfg = kernels.make_config("dense", True, d, None, n, k, m, 1)
         assert cfg.mcast == (2 if -(-n // cfg.bn) % 2 == 0 else 0), cfg
         _check_dense_outputs(_rand((m, k), m + 11), _rand((n, k), n + 13))
-    g, m_max, n, k = 8, 64, 4096, 7168  # masked, with empty groups
-    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
-    x, y = _rand((g, m_max, k), 40), _rand((g, n, k), 41)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=32)
-    r = torch.full((g, m_max, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
-    for gi, mg in enumerate(mm.tolist()):
-        assert d[gi, mg:].float().isnan().all()
-        if mg:
-            _check(d[gi, :mg], r[gi, :mg])
+    _check_masked_8x64(40)  # masked, with empty groups
