@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call: install, smoke (`python -m deepgemm`), GPU tests, benchmark. Logs under $OUT.
-# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full|tests|bench|repro] [pytest -k expr]
+# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full|tests|bench|repro|tune] [pytest -k expr]
 # full: smoke, GPU tests, scripts/repro_masked.py, bench_gemm.py with the --compare switches
 set -o pipefail
 export PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=/tmp/dgcache
@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
 timeout 150 python3 -m pip install --no-build-isolation --no-deps -q ./deepgemm 2>&1 | tail -3
 timeout 120 python3 -m deepgemm 2>&1 | tee $OUT/main.log || { echo "SMOKE FAILED"; exit 1; }
-if [ "$MODE" != bench ] && [ "$MODE" != repro ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != repro ] && [ "$MODE" != tune ]; then
   timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest deepgemm/tests -m gpu -q -p no:cacheprovider --timeout 120 \
     ${KEXPR:+-k "$KEXPR"} -rf 2>&1 | tee $OUT/gpu_tests.log | tail -40
 fi
@@ -19,7 +19,10 @@ if [ "$MODE" = full ] || [ "$MODE" = repro ]; then
   timeout ${REPRO_TIMEOUT:-180} python3 deepgemm/scripts/repro_masked.py --replays 200 --timeout 30 2>&1 | tee $OUT/repro.log
   echo "repro exit: ${PIPESTATUS[0]}"
 fi
-if [ "$MODE" != tests ] && [ "$MODE" != repro ]; then
+if [ "$MODE" = tune ]; then  # forced block sizes / multicast beside the cost model's choice
+  timeout ${TUNE_TIMEOUT:-450} python3 deepgemm/scripts/tune_blocks.py --budget ${TUNE_BUDGET:-420} --json $OUT/tune.json 2>&1 | tee $OUT/tune.log
+fi
+if [ "$MODE" != tests ] && [ "$MODE" != repro ] && [ "$MODE" != tune ]; then
   BARGS=$([ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick")
   timeout ${BENCH_TIMEOUT:-300} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
 fi

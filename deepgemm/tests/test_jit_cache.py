@@ -243,3 +243,21 @@ def test_multicast_switch(monkeypatch):
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "2")
     with pytest.raises(ValueError, match="DEEPGEMM_MULTICAST"):
         kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)
+
+
+def test_blocks_override(monkeypatch):
+    """DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning); bad values name the variable."""
+    import torch
+    d = torch.empty(1, 1, dtype=torch.bfloat16)
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x96")
+    cfg = kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)
+    assert (cfg.bm, cfg.bn) == (128, 96)
+    assert kernels.smem_bytes(True, 2048, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit) <= kernels.SMEM_LIMIT
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "64x112")
+    cfg = kernels.make_config("masked", True, d, None, 4096, 7168, 64, 8)
+    assert (cfg.bm, cfg.bn, cfg.ksplit) == (64, 112, 1) and cfg.stages % 2 == 0
+    assert (kernels.make_config("dense", False, d, None, 4096, 7168, 4096, 1).bn) == 112  # BF16 accepts it too
+    for bad in ("128", "96x128", "128x130", "64x256", "axb"):
+        monkeypatch.setenv("DEEPGEMM_BLOCKS", bad)
+        with pytest.raises(ValueError, match="DEEPGEMM_BLOCKS"):
+            kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)

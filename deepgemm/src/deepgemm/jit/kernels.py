@@ -38,6 +38,7 @@ PIPE_DEFAULT = "0"
 # B (mcast 1); otherwise dense/masked tiles in pairs along N share A (mcast 2: small M, where every CTA
 # re-reads the same A rows); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: compile-checked, not yet measured.
 MULTICAST_DEFAULT = "0"
+# DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -139,6 +140,19 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
     return best[1], best[2]
 
 
+def parse_blocks(spec: str, fp8: bool) -> tuple[int, int]:
+    """DEEPGEMM_BLOCKS="BMxBN" (e.g. "128x112"): BM in BLOCK_MS, BN a multiple of 8 (FP8: 16-128; BF16: 16-256)."""
+    try:
+        bm, bn = (int(v) for v in spec.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"DEEPGEMM_BLOCKS: expected 'BMxBN' such as '128x112', got {spec!r}") from None
+    bns = BLOCK_NS_FP8 if fp8 else BLOCK_NS_BF16
+    if bm not in BLOCK_MS or bn not in bns:
+        raise ValueError(f"DEEPGEMM_BLOCKS: BM must be one of {BLOCK_MS} and BN one of {bns[0]}..{bns[-1]} "
+                         f"(step {bns[1] - bns[0]}) for {'FP8' if fp8 else 'BF16'}, got {spec!r}")
+    return bm, bn
+
+
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
     """Kernel parameters for one call (memoised: this runs on every GEMM call)."""
     return _make_config(kind, fp8, d.dtype, None if c is None else c.dtype, n, k, m_hint, groups, get_num_sms(),
@@ -147,13 +161,14 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_SMALL_M_BN", SMALL_M_BN_DEFAULT),
                         os.environ.get("DEEPGEMM_SWAP_AB", SWAP_AB_DEFAULT),
                         os.environ.get("DEEPGEMM_PIPE", PIPE_DEFAULT),
-                        os.environ.get("DEEPGEMM_MULTICAST", MULTICAST_DEFAULT))
+                        os.environ.get("DEEPGEMM_MULTICAST", MULTICAST_DEFAULT),
+                        os.environ.get("DEEPGEMM_BLOCKS", ""))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
-                 mcast_env=MULTICAST_DEFAULT) -> Config:
+                 mcast_env=MULTICAST_DEFAULT, blocks_env="") -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
@@ -161,6 +176,8 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, 64,
                       max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env))
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env)
+    if blocks_env:
+        bm, bn = parse_blocks(blocks_env, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
     ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
     stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit)
