@@ -183,14 +183,24 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const SmemPtr
           // ---- mask, exp2-domain scale, row max over the 4 lanes of a row
           const int key0 = blk * PAGE + 2 * cq;
           float mx[2] = {NEG_INF, NEG_INF};
+          // only pages that reach past some row's last visible key need the mask (the last page of a
+          // request, and the causal tail): elsewhere scale alone
+          if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
-              sacc[i * 4 + e] = v;
-              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            for (int i = 0; i < 32; ++i) {
+              sacc[i] *= scale_log2;
+              mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
             }
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+                sacc[i * 4 + e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+              }
+          }
           float alpha[2], muse[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
