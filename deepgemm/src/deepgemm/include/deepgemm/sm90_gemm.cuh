@@ -96,6 +96,37 @@ __device__ __forceinline__ unsigned short pack_fp8(float lo, float hi) {
   unsigned short r; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo)); return r;
 }
 
+// Two K blocks' WGMMAs in flight over the CH blocks from c0: block kb + 1's WGMMAs run while block kb
+// is retired (promoted). issue(kb, t, sc) waits for kb's stage and commits its WGMMAs into t; retire(kb,
+// t, sc) consumes them. ptxas keeps the two commit groups overlapped only in straight-line code (a
+// run-time loop around them serialises the WGMMAs, warning C7518), hence the unrolled chunk.
+template <int CH, typename Issue, typename Retire, typename T, typename S>
+__device__ __forceinline__ void two_in_flight(int c0, Issue&& issue, Retire&& retire, T& t0, T& t1, S& sc0, S& sc1) {
+  issue(c0, t0, sc0);
+#pragma unroll
+  for (int q = 0; q < CH; q += 2) {
+    if (q + 1 < CH) { issue(c0 + q + 1, t1, sc1); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
+    retire(c0 + q, t0, sc0);
+    if (q + 1 < CH) {
+      if (q + 2 < CH) { issue(c0 + q + 2, t0, sc0); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
+      retire(c0 + q + 1, t1, sc1);
+    }
+  }
+}
+
+// Rows of the output a tile may write: masked layout, group g holds masked_m[g] (clamped to [0, M])
+// valid rows starting at row g * M; otherwise all M rows from row 0.
+template <int KIND>
+__device__ __forceinline__ void valid_rows(const int* grouped, int g, int M, int& limit, long long& row_off) {
+  limit = M;
+  row_off = 0;
+  if (KIND == kMasked) {
+    const int mg = grouped[g];
+    limit = mg < 0 ? 0 : (mg > M ? M : mg);
+    row_off = (long long)g * M;
+  }
+}
+
 // ---- tile scheduler (identical sequence in producer and consumers) ---------------------------
 // 2-CTA clusters (cluster rank = blockIdx.x % 2 for cluster dims (2, 1, 1)): both CTAs of a cluster walk
 // the same sequence of units. MC = 1 (dense): a unit is an (M block pair, N block), the CTAs take M blocks
@@ -384,16 +415,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       };
       for (int c0 = 0; c0 < KB; c0 += CH) {
         float t0[BN / 2], t1[BN / 2], sc0[4], sc1[4];
-        issue(c0, t0, sc0);
-#pragma unroll
-        for (int q = 0; q < CH; q += 2) {
-          if (q + 1 < CH) { issue(c0 + q + 1, t1, sc1); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
-          retire(c0 + q, t0, sc0);
-          if (q + 1 < CH) {
-            if (q + 2 < CH) { issue(c0 + q + 2, t0, sc0); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
-            retire(c0 + q + 1, t1, sc1);
-          }
-        }
+        two_in_flight<CH>(c0, issue, retire, t0, t1, sc0, sc1);
       }
     }
     it += KB;
@@ -418,13 +440,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       sfb_row0 = nrow; sfb_step = nstep;
       continue;
     }
-    int limit = M;
-    long long row_off = 0;
-    if (KIND == kMasked) {
-      const int mg = grouped[g];
-      limit = mg < 0 ? 0 : (mg > M ? M : mg);
-      row_off = (long long)g * M;
-    }
+    int limit;
+    long long row_off;
+    valid_rows<KIND>(grouped, g, M, limit, row_off);
     const int row_wg = m_blk * BM + wrow * 64;  // first row of this warpgroup's 64
     const int col_t = n_blk * BN;
     if constexpr (EPI == 1) {

@@ -142,33 +142,19 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
         retire(kb, t, sc);
       }
     } else {
-      // two K blocks in flight: block kb + 1's WGMMAs run while block kb is promoted. ptxas keeps them
-      // overlapped only in straight-line code, so chunks of CH blocks are unrolled and drained at the end.
+      // two K blocks in flight (two_in_flight), in chunks of CH blocks drained at the end of each
       constexpr int CH = KB <= 16 ? KB : KB % 8 == 0 ? 8 : KB % 4 == 0 ? 4 : KB % 2 == 0 ? 2 : 1;
       for (int c0 = 0; c0 < KB; c0 += CH) {
         float t0[R], t1[R], sc0[BMS / 4], sc1[BMS / 4];
-        issue(c0, t0, sc0);
-#pragma unroll
-        for (int q = 0; q < CH; q += 2) {
-          if (q + 1 < CH) { issue(c0 + q + 1, t1, sc1); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
-          retire(c0 + q, t0, sc0);
-          if (q + 1 < CH) {
-            if (q + 2 < CH) { issue(c0 + q + 2, t0, sc0); wgmma_wait<1>(); } else { wgmma_wait<0>(); }
-            retire(c0 + q + 1, t1, sc1);
-          }
-        }
+        two_in_flight<CH>(c0, issue, retire, t0, t1, sc0, sc1);
       }
     }
     it += KB;
 
     // epilogue: D[row_off + m][n] = acc (+ C), m < limit, n < N
-    int limit = M;
-    long long row_off = 0;
-    if (KIND == kMasked) {
-      const int mg = grouped[g];
-      limit = mg < 0 ? 0 : (mg > M ? M : mg);
-      row_off = (long long)g * M;
-    }
+    int limit;
+    long long row_off;
+    valid_rows<KIND>(grouped, g, M, limit, row_off);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int j = i / 4, e = i % 4;
