@@ -65,33 +65,12 @@ __device__ __forceinline__ uint32_t dq2(uint32_t two, float sc) {
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmR,
                                 const __grid_constant__ CUtensorMap tmQ) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 below
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023) & ~1023u;
-  uint8_t* sbase = smem_raw + (base - raw);
-  const uint32_t uQ = base + OFF_Q, uK = base + OFF_K, uPlo = base + OFF_PLO, uBar = base + OFF_MISC;
-  const uint32_t bar_qfull = uBar + 32, bar_qempty = uBar + 40;
-  float* sAlpha = reinterpret_cast<float*>(sbase + OFF_MISC + 64);
-  float* sInv = sAlpha + BM;
-
-  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-  const int m = a.s_q * a.h_q, row_base = blockIdx.x * BM;
-  const int* meta = a.meta + blockIdx.y * 8;
-  const int b0 = meta[0], k0 = meta[1], b1 = meta[2], k1 = meta[3], first = meta[4];
-  if (b0 < 0 || b0 >= a.batch || b1 > a.batch || first < 0 || (b0 == b1 && k0 == k1)) return;
-  const int last = k1 > 0 ? b1 : b1 - 1;
-
-  if (tid == 0) {
-    for (int s = 0; s < 2; ++s) {
-      mbar_init(uBar + 8 * s, 1 + 128);    // full[s]: thread 0's expect_tx + 128 dequant threads + RoPE bytes
-      mbar_init(uBar + 16 + 8 * s, 256);   // empty[s]: every consumer thread after its P V
-    }
-    mbar_init(bar_qfull, 1);
-    mbar_init(bar_qempty, 128);            // WG1 after the last S of a request
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    fence_async_smem();
-  }
-  __syncthreads();
+  extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 in begin_cta
+  CtaPart c;
+  if (!begin_cta(a, smem_raw, 1 + 128, c)) return;  // full[s]: thread 0's expect_tx + 128 dequant threads + RoPE bytes
+  const uint32_t uQ = c.uQ, uK = c.uK, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
+  const int wg = c.wg, t = c.t, m = c.m, row_base = c.row_base;
+  const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
 
   if (wg == 0) {
     // ------------------------------------------------------------ producer: TMA + dequantise
@@ -182,8 +161,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   // -------------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
-  run_consumers<false>(a, SmemPtrs{uQ, uK, uPlo, uBar, bar_qfull, sAlpha, sInv}, wg, t, row_base, b0, k0, b1, k1,
-                       first, last);
+  run_consumers<false>(a, c);
 }
 
 }  // namespace

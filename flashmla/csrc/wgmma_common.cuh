@@ -109,12 +109,44 @@ __device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0,
   return w;
 }
 
-// Shared-memory addresses the consumers use (the layout is the same in both kernels).
-struct SmemPtrs {
-  uint32_t uQ, uK, uPlo, uBar, bar_qfull;
+// One CTA of either wgmma kernel: its shared-memory addresses (the same layout in both), its thread,
+// its 64 query rows and its scheduler part [b0/k0, b1/k1).
+struct CtaPart {
+  uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty;
   float* sAlpha;  // [64] row rescale factors of the current page (WG1 -> WG2)
   float* sInv;    // [2][64] 1/l by parity of the request (WG1 -> WG2)
+  int tid, wg, t, m, row_base, b0, k0, b1, k1, first, last;
 };
+
+// Fills c from the launch and the metadata; false when the part is empty (the CTA exits at once).
+// Otherwise thread 0 initialises the mbarriers (full[s] completing on full_arrivals arrivals plus the
+// transaction bytes) and the CTA syncs.
+__device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw, int full_arrivals, CtaPart& c) {
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023) & ~1023u;  // dynamic shared memory aligned to 1024 here
+  c.uQ = base + OFF_Q, c.uK = base + OFF_K, c.uPlo = base + OFF_PLO, c.uBar = base + OFF_MISC;
+  c.bar_qfull = c.uBar + 32, c.bar_qempty = c.uBar + 40;
+  c.sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + 64);
+  c.sInv = c.sAlpha + BM;
+  c.tid = threadIdx.x, c.wg = c.tid >> 7, c.t = c.tid & 127;
+  c.m = a.s_q * a.h_q, c.row_base = blockIdx.x * BM;
+  const int* meta = a.meta + blockIdx.y * 8;
+  c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
+  if (c.b0 < 0 || c.b0 >= a.batch || c.b1 > a.batch || c.first < 0 || (c.b0 == c.b1 && c.k0 == c.k1)) return false;
+  c.last = c.k1 > 0 ? c.b1 : c.b1 - 1;
+  if (c.tid == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(c.uBar + 8 * s, full_arrivals);
+      mbar_init(c.uBar + 16 + 8 * s, 256);  // empty[s]: every consumer thread after its P V
+    }
+    mbar_init(c.bar_qfull, 1);
+    mbar_init(c.bar_qempty, 128);           // WG1 after the last S of a request
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_async_smem();
+  }
+  __syncthreads();
+  return true;
+}
 
 // The two consumer warpgroups (wg = 1, 2; t = thread index in the warpgroup) over the CTA's part
 // [b0/k0, b1/k1). Page stage s: full[s] at uBar + 8s (the page's 9 slabs are ready), empty[s] at
@@ -122,13 +154,12 @@ struct SmemPtrs {
 // V rows past a request's length in its last page (the BF16 kernel's TMA copies them raw; the FP8
 // kernel's dequantising warps write zeros there themselves).
 template <bool ZERO_TAIL>
-__device__ __forceinline__ void run_consumers(const DecodeArgs& a, const SmemPtrs& sp, int wg, int t, int row_base,
-                                              int b0, int k0, int b1, int k1, int first, int last) {
-  const uint32_t uQ = sp.uQ, uK = sp.uK, uPlo = sp.uPlo, uBar = sp.uBar, bar_qfull = sp.bar_qfull;
-  const uint32_t bar_qempty = uBar + 40;
-  float* sAlpha = sp.sAlpha;
-  float* sInv = sp.sInv;
-  const int m = a.s_q * a.h_q;
+__device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart& c) {
+  const uint32_t uQ = c.uQ, uK = c.uK, uPlo = c.uPlo, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
+  float* sAlpha = c.sAlpha;
+  float* sInv = c.sInv;
+  const int m = c.m, wg = c.wg, t = c.t, row_base = c.row_base;
+  const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
   const int ch = wg - 1;                       // 0: WG1 (S, softmax, O[:, :256]); 1: WG2 (O[:, 256:])
   const int lane = t & 31, gq = lane >> 2, cq = lane & 3;
   const int r_loc[2] = {(t >> 5) * 16 + gq, (t >> 5) * 16 + gq + 8};  // this thread's two rows
