@@ -472,24 +472,12 @@ def analyse(run, P):
 
 
 def run_world(P, args):
-    import multiprocessing as mp
-    from dualpipe._testing import free_port
-    ctx = mp.get_context("spawn")
+    from dualpipe._testing import free_port, run_ranks
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         # rank 0 rewrites this after every schedule; beside --json it outlives a hard kill of this script
         out = args.json + f".raw{P}.json" if args.json else os.path.join(d, "res.json")
-        procs = [ctx.Process(target=worker, args=(r, P, port, args, out)) for r in range(P)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + args.timeout
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        alive = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        procs, alive = run_ranks(worker, P, lambda r: (r, P, port, args, out), args.timeout)
         if not os.path.exists(out):
             raise RuntimeError(f"{P}-process run produced nothing (exit codes {[p.exitcode for p in procs]})")
         with open(out) as f:

@@ -76,6 +76,26 @@ def criterion(out, target):
     return Fn.mse_loss(out, target)
 
 
+def run_ranks(target, world: int, args_of, timeout_s: float, daemon: bool = False):
+    """Spawns `world` processes running target(*args_of(rank)), waits for all of them within one
+    deadline of timeout_s seconds and kills those still running. Returns (processes, hung ranks)."""
+    import multiprocessing as mp
+    import time
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args_of(r), daemon=daemon) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    return procs, hung
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -294,24 +314,10 @@ def launch(world: int, cases: List[dict], timeout_s: float = 180.0, backend: str
         if n < world:
             raise ValueError(f"launch: backend='nccl' with world={world} needs {world} CUDA devices, found {n}")
         os.environ.update(SAFE_NCCL_ENV)  # inherited by the spawned processes too
-    import multiprocessing as mp
     import tempfile
-    import time
-    ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=_worker, args=(r, world, port, cases, d, backend),
-                             daemon=True) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        procs, hung = run_ranks(_worker, world, lambda r: (r, world, port, cases, d, backend), timeout_s, daemon=True)
         if hung:
             raise TimeoutError(f"ranks {hung} of {world} did not finish within {timeout_s} s")
         outs = []
