@@ -46,6 +46,19 @@ def check(out, lse, ro, rl):
     assert err.numel() == 0 or err.max() < 1e-5, f"lse rel err {err.max().item()}"
 
 
+def capture(step):
+    """Warms step() up on a side stream, then captures it in a CUDA graph: (graph, its outputs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 def run(q, kc, bt, sl, causal=False, fp8=False):
     s_q, h_q = q.shape[1], q.shape[2]
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
@@ -129,14 +142,7 @@ def test_cuda_graph_replay_with_new_seqlens(kernel):
         meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
         return flashmla.flash_mla_with_kvcache(q, kc, bt, static_sl, 512, meta, splits, causal=True)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_lse = step()
+    graph, (g_out, g_lse) = capture(step)
     for trial in range(3):
         new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
         new[trial] = 0
@@ -253,15 +259,8 @@ def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
         meta, splits = flashmla.get_mla_metadata(static_sl, h_q, 1)
         return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, is_fp8_kvcache=True)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
+    graph, (g_out, g_lse) = capture(step)
     assert flashmla.api._C.last_kernel() == "wgmma"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_out, g_lse = step()
     for trial in range(3):
         new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
         new[trial] = 0

@@ -32,6 +32,16 @@ MiB = 1 << 20
 WARM_MIB = 8
 
 
+def read_all(f) -> int:
+    """Reads a file object to its end in 1 MiB readinto calls; the bytes read."""
+    buf, n = bytearray(MiB), 0
+    while True:
+        k = f.readinto(buf)
+        if not k:
+            return n
+        n += k
+
+
 def _tfs_worker(args):
     kind, mgmtd, secret, path, size, nrand, seed, barrier_t, warm = args
     import threefs
@@ -42,8 +52,7 @@ def _tfs_worker(args):
             for _ in range(WARM_MIB):
                 f.write(buf)
         with fs.open(path + ".warm", "rb") as f:
-            while f.readinto(bytearray(MiB)):
-                pass
+            read_all(f)
     while time.time() < barrier_t:
         time.sleep(0.001)
     t = time.perf_counter()
@@ -53,14 +62,8 @@ def _tfs_worker(args):
                 f.write(buf)
         n = size
     elif kind == "seq-read":
-        rbuf = bytearray(MiB)
         with fs.open(path, "rb") as f:
-            n = 0
-            while True:
-                k = f.readinto(rbuf)
-                if not k:
-                    break
-                n += k
+            n = read_all(f)
     else:
         rng = random.Random(seed)
         with fs.open(path, "rb") as f:
@@ -85,14 +88,8 @@ def _local_worker(args):
         os.close(fd)
         n = size
     elif kind == "seq-read":
-        rbuf = bytearray(MiB)
-        n = 0
         with open(path, "rb", buffering=0) as f:
-            while True:
-                k = f.readinto(rbuf)
-                if not k:
-                    break
-                n += k
+            n = read_all(f)
     else:
         rng = random.Random(seed)
         fd = os.open(path, os.O_RDONLY)
