@@ -49,12 +49,16 @@ class Client:
     write waits for its ack, as pwrite always does; see File.write); preconnect: authenticated
     connections opened to each storage node in the background at construction (0: all on
     demand), so that the first reads and writes, with readahead or write-behind several at a
-    time, do not each wait for a connection set-up."""
+    time, do not each wait for a connection set-up; short_circuit: replicas on this host hand
+    over a read-only descriptor of the committed chunk file (after the same checks as a TCP
+    read, over an authenticated Unix-domain socket) and the bytes are read here from the page
+    cache, checked against their stored CRC32C (False: every read goes over TCP; see
+    shortcircuit.py for why this stays correct under CRAQ)."""
 
     def __init__(self, mgmtd, secret, uid: int | None = None, gid: int | None = None,
                  gids=(), deadline_s: float = 60.0, io_threads: int = 4,
                  readahead: int = 3, zero_copy: bool = True, write_window: int = 4,
-                 preconnect: int = 4):
+                 preconnect: int = 4, short_circuit: bool = True):
         addrs = [mgmtd] if isinstance(mgmtd, str) else list(mgmtd)
         for a in addrs:
             rpc.parse_addr(a)
@@ -75,7 +79,7 @@ class Client:
         self.user = {"uid": os.getuid() if uid is None else int(uid),
                      "gid": os.getgid() if gid is None else int(gid), "gids": list(gids)}
         self.storage = StorageClient(self.rpc, self.mgmtd, deadline_s, watch=True,
-                                     zero_copy=zero_copy)
+                                     zero_copy=zero_copy, short_circuit=bool(short_circuit))
         self.deadline_s = deadline_s
         if preconnect:  # in the background: the constructor does not wait for it
             threading.Thread(target=self.storage.preconnect, args=(preconnect,), daemon=True,

@@ -37,6 +37,7 @@ a bad MAC, truncated frames and meta that is not a JSON object, by closing the c
 """
 from __future__ import annotations
 
+import array
 import functools
 import hashlib
 import hmac
@@ -145,6 +146,27 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+def _recv_exact_fds(sock: socket.socket, n: int, fds: list) -> bytearray:
+    """As _recv_exact on an AF_UNIX socket, appending descriptors passed along (SCM_RIGHTS)
+    to `fds`: they arrive with the first bytes of the frame that carries them."""
+    buf, got = bytearray(n), 0
+    space = socket.CMSG_SPACE(4 * 4)
+    while got < n:
+        d, anc, flags, _ = sock.recvmsg(n - got, space)
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(cdata[:len(cdata) - len(cdata) % a.itemsize])
+                fds.extend(a)
+        if flags & socket.MSG_CTRUNC:
+            raise ProtocolError("descriptors truncated")
+        if not d:
+            raise ProtocolError(f"connection closed after {got} of {n} bytes (truncated frame)")
+        buf[got:got + len(d)] = d
+        got += len(d)
+    return buf
+
+
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
     got, n = 0, view.nbytes
     while got < n:
@@ -182,7 +204,8 @@ class Channel:
         self.recv_seq = 0
         self._rbuf = None  # reused receive buffer (see recv(reuse=True))
 
-    def send(self, kind: int, meta: dict, data=None) -> None:
+    def send(self, kind: int, meta: dict, data=None, fds=None) -> None:
+        """fds: descriptors passed along with the frame (SCM_RIGHTS; AF_UNIX sockets only)."""
         if isinstance(data, FileSlice):
             try:
                 return self._send_file(meta, data)
@@ -196,7 +219,11 @@ class Channel:
         self.send_seq += 1
         bufs = [hdr, _mac(self.key, hdr, mb, parts, self.flags), mb, *parts]
         total = sum(memoryview(b).nbytes for b in bufs)
-        sent = self.sock.sendmsg(bufs)
+        if fds:
+            sent = self.sock.sendmsg(bufs, [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                             array.array("i", fds))])
+        else:
+            sent = self.sock.sendmsg(bufs)
         if sent < total:  # partial send: finish the rest
             flat = [memoryview(b).cast("B") for b in bufs]
             for b in flat:
@@ -229,12 +256,17 @@ class Channel:
             off += r
             left -= r
 
-    def recv(self, kind: int, into=None, reuse: bool = False):
+    def recv(self, kind: int, into=None, reuse: bool = False, fds: list | None = None):
         """(meta dict, data). With `into` (a writable memoryview), data that fits is read
         straight into it and returned as a memoryview of it. With `reuse`, data lands in a
         buffer owned by the channel and valid until the next recv (no allocation and page
-        faults per frame; the server uses it, as a request is handled before the next one)."""
-        hdr = bytes(_recv_exact(self.sock, HEADER.size + MAC_LEN))
+        faults per frame; the server uses it, as a request is handled before the next one).
+        With `fds` (a list; AF_UNIX sockets), descriptors passed with the frame are appended
+        to it: the caller owns (and closes) them, also when this raises."""
+        if fds is None:
+            hdr = bytes(_recv_exact(self.sock, HEADER.size + MAC_LEN))
+        else:
+            hdr = bytes(_recv_exact_fds(self.sock, HEADER.size + MAC_LEN, fds))
         magic, ver, k, seq, mlen, dlen = HEADER.unpack_from(hdr)
         if magic != b"3F" or ver != 1:
             raise ProtocolError(f"bad magic/version {magic!r}/{ver}")

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from . import rpc
+from . import rpc, shortcircuit
 from .chunk import ChecksumError, ChunkEngine, VersionError, crc32c, inode_prefix, split_chunk_id
 from .common import MgmtdClient, setup_logging
 from .routing import Routing
@@ -81,6 +81,14 @@ class StorageNode:
         self.locks = LockTable()
         self.server = rpc.Server(cfg["listen"], cfg["secret"], self.handle, name="storage")
         self.addr = self.server.addr
+        # short-circuit reads for clients on this host (shortcircuit.py); short_circuit = false
+        # in the config turns them off (those clients then read over TCP)
+        self.sc = None
+        if cfg.get("short_circuit", True):
+            try:
+                self.sc = shortcircuit.Server(self, cfg["secret"])
+            except OSError as e:
+                self.log.warning("no short-circuit socket for %s: %s", self.addr, e)
         self._stop = threading.Event()
         self._hb_now = threading.Event()
         self._rlock = threading.Lock()
@@ -305,6 +313,38 @@ class StorageNode:
                            block_crcs=None if sp.whole else sp.block_crcs, close=sp.close)
         return {"ver": m["committed_ver"], "found": True}, fs
 
+    def sc_open(self, args):
+        """A short-circuit read (shortcircuit.Server): the checks of a TCP read, then the
+        committed chunk file opened for the client (result, span) - or (result, None) when the
+        chunk has nothing committed. SC_FALLBACK where the TCP path must decide (a pending
+        version: NOT_COMMITTED or the tail's commit; a range not 4 KiB-aligned; a damaged
+        header, which the TCP path repairs)."""
+        tid, chain = self._my(args)
+        if not any(t["id"] == tid and t["state"] == "serving" for t in chain["targets"]):
+            raise rpc.RpcError("NOT_SERVING", f"target {tid} is not serving")
+        cid = bytes.fromhex(args["chunk"])
+        off, length = int(args["offset"]), int(args["length"])
+        eng = self.engines[tid]
+        m = eng.meta(cid)
+        if m and m["pending_ver"]:
+            raise rpc.RpcError("SC_FALLBACK", "pending version")
+        if not m or not m["committed_ver"]:
+            return {"ver": 0, "found": False, "n": 0}, None
+        try:
+            st, sp = eng.open_span(cid, off, length)
+        except ChecksumError:
+            raise rpc.RpcError("SC_FALLBACK", "damaged chunk header") from None
+        if st == 0:
+            return {"ver": 0, "found": False, "n": 0}, None
+        if st != 1:
+            raise rpc.RpcError("SC_FALLBACK", "range not 4 KiB-aligned")
+        res = {"ver": m["committed_ver"], "found": True, "n": sp.n, "off": sp.file_offset}
+        if sp.whole:
+            res["_crc"] = sp.crc
+        else:
+            res["_bcrc"] = sp.block_crcs.hex()
+        return res, sp
+
     def _repair(self, tid, chain, cid) -> bytes:
         for t in Routing.serving(chain):
             if t["id"] == tid:
@@ -526,6 +566,8 @@ class StorageNode:
 
     def start(self):
         self.server.start()
+        if self.sc is not None:
+            self.sc.start()
         threading.Thread(target=self._loop, daemon=True, name="storage-loop").start()
         self.log.info("listening on %s with targets %s", self.addr, sorted(self.engines))
         return self
@@ -533,3 +575,5 @@ class StorageNode:
     def stop(self):
         self._stop.set()
         self.server.stop()
+        if self.sc is not None:
+            self.sc.stop()

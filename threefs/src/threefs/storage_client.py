@@ -6,7 +6,7 @@ import random
 import threading
 import time
 
-from . import rpc
+from . import rpc, shortcircuit
 from .routing import Routing
 
 RETRY_CODES = {"CHAIN_VERSION", "NOT_HEAD", "NOT_SERVING", "RETRY", "NOT_COMMITTED", "NEED_FULL",
@@ -22,12 +22,16 @@ def raise_os(e: rpc.RpcError):
 
 class StorageClient:
     def __init__(self, rpc_client: rpc.Client, mgmtd, deadline_s: float = 60.0,
-                 watch: bool = False, zero_copy: bool = True):
+                 watch: bool = False, zero_copy: bool = True, short_circuit: bool = True):
         self.rpc, self.mgmtd, self.deadline_s = rpc_client, mgmtd, deadline_s
         # zero_copy: replicas send chunk bytes with sendfile and this side checks them against
         # their stored CRC32C (rpc.FileSlice); a mismatch is read again through the verifying
         # path on the same replica, which then repairs its copy from another one
         self.zero_copy = bool(zero_copy)
+        # short_circuit: replicas on this host hand over a descriptor of the committed chunk
+        # file and the bytes are read here from the page cache (shortcircuit.py); other
+        # replicas, and ranges the replica refuses that way, are read over TCP
+        self.sc = shortcircuit.Client(rpc_client.secret) if short_circuit else None
         self.routing = Routing()
         self._rlock = threading.Lock()
         self._last_refresh = 0.0
@@ -55,6 +59,8 @@ class StorageClient:
 
     def close(self):
         self._stop.set()
+        if self.sc is not None:
+            self.sc.close()
 
     def preconnect(self, per_node: int) -> int:
         """Pool per_node connections to every live storage node (see Client(preconnect=))."""
@@ -160,6 +166,41 @@ class StorageClient:
         self.stats["retries"] += 1
         return self.write_chunk(chain_id, cid, offset, data)
 
+    def _sc_ok(self, addr) -> bool:
+        return self.sc is not None and addr is not None and self.sc.local(addr)
+
+    def _order(self, serving: list) -> list:
+        """Replicas to try for a read: those reachable short-circuit first, then the others,
+        random within each group, the tail last in its group (it never refuses: NOT_COMMITTED
+        comes only from the others)."""
+        order = serving[:]
+        random.shuffle(order)
+        tail = serving[-1]
+        return sorted(order, key=lambda t: (not self._sc_ok(self.routing.addr_of(t["id"])),
+                                            t is tail))
+
+    def _read_replica(self, addr: str, args: dict, into, sc_pending=None):
+        """Bytes from one replica: short-circuit when it is local, else (or when it refuses
+        that) over TCP with sendfile; bytes that fail their CRC32C are read again over the
+        verifying TCP path (the replica repairs its copy). Returns the count (into) or bytes."""
+        try:
+            if sc_pending is not None or self._sc_ok(addr):
+                try:
+                    p = sc_pending or self.sc.start(addr, args)
+                    n, d = p.finish(into)
+                    return n if into is not None else bytes(d)
+                except shortcircuit.Fallback:
+                    pass
+            res, d = self.rpc.call(addr, "read", {**args, "zc": self.zero_copy}, into=into)
+        except rpc.RpcError as e:
+            if e.code != "CHECKSUM":
+                raise
+            self.stats["crc_retries"] += 1
+            res, d = self.rpc.call(addr, "read", args, into=into)
+        if into is not None:
+            return 0 if d is None else d.nbytes
+        return bytes(d) if d is not None else b""
+
     def read_chunk(self, chain_id: int, cid: bytes, offset: int, length: int, into=None):
         """Committed bytes of a chunk (b'' when it does not exist). With `into` (a writable
         buffer of >= length bytes) the bytes land there and their count is returned."""
@@ -168,31 +209,15 @@ class StorageClient:
             serving = Routing.serving(c)
             if not serving:
                 raise rpc.RpcError("UNAVAILABLE", f"chain {chain_id} has no serving target")
-            order = serving[:]
-            random.shuffle(order)
-            tail = serving[-1]
-            order = [t for t in order if t is not tail] + [tail]  # the tail last: it never refuses
             last = None
-            for t in order:
+            for t in self._order(serving):
                 addr = self.routing.addr_of(t["id"])
                 if addr is None:
                     continue
                 args = {"chain": chain_id, "chain_ver": c["ver"], "chunk": cid.hex(),
                         "offset": offset, "length": length}
                 try:
-                    try:
-                        res, d = self.rpc.call(addr, "read", {**args, "zc": self.zero_copy},
-                                               into=into)
-                    except rpc.RpcError as e:
-                        if e.code != "CHECKSUM" or not self.zero_copy:
-                            raise
-                        # the bytes did not match their CRC: read them again verified by the
-                        # replica, which detects a bad copy on its disk and repairs it
-                        self.stats["crc_retries"] += 1
-                        res, d = self.rpc.call(addr, "read", args, into=into)
-                    if into is not None:
-                        return 0 if d is None else d.nbytes
-                    return bytes(d) if d is not None else b""
+                    return self._read_replica(addr, args, into)
                 except rpc.RpcError as e:
                     if e.code not in RETRY_CODES | {"CHECKSUM"}:
                         raise
@@ -200,32 +225,43 @@ class StorageClient:
                     if e.code == "CHAIN_VERSION":
                         raise
                 except ConnectionError as e:
+                    if isinstance(e, rpc.AuthError):
+                        raise
                     last = e
             raise last if last else rpc.RpcError("UNAVAILABLE", "no replica answered")
         return self._retry(f"read chunk {cid.hex()}", op)
 
     def start_read(self, chain_id: int, cid: bytes, offset: int, length: int):
-        """Send a read of committed bytes to one serving replica and return (pending, length)
-        without waiting (readahead); finish it with finish_read. None when no replica is known."""
+        """Send a read of committed bytes to one serving replica (a local one short-circuit
+        when there is one) and return a handle without waiting (readahead); finish it with
+        finish_read. None when no replica is known."""
         c = self.routing.chain(chain_id)
         serving = Routing.serving(c) if c else []
         if not serving:
             return None
-        addr = self.routing.addr_of(random.choice(serving)["id"])
+        t = self._order(serving)[0] if self.sc is not None else random.choice(serving)
+        addr = self.routing.addr_of(t["id"])
         if addr is None:
             return None
+        args = {"chain": chain_id, "chain_ver": c["ver"], "chunk": cid.hex(),
+                "offset": offset, "length": length}
         try:
-            return self.rpc.start(addr, "read", {"chain": chain_id, "chain_ver": c["ver"],
-                                                 "chunk": cid.hex(), "offset": offset,
-                                                 "length": length, "zc": self.zero_copy}), length
+            if self._sc_ok(addr):
+                try:
+                    return self.sc.start(addr, args), length, addr, args
+                except shortcircuit.Fallback:
+                    pass
+            return self.rpc.start(addr, "read", {**args, "zc": self.zero_copy}), length, addr, None
         except ConnectionError:
             return None
 
     def finish_read(self, started, chain_id: int, cid: bytes, offset: int, into) -> int:
         """Receive a started read into `into`; if that replica refused or failed, read again
         the usual way (read_chunk: other replicas, retries). Returns the byte count."""
-        pending, length = started
+        pending, length, addr, sc_args = started
         try:
+            if sc_args is not None:
+                return self._read_replica(addr, sc_args, into, sc_pending=pending)
             _, d = pending.finish(into=into)
             return 0 if d is None else d.nbytes
         except (rpc.RpcError, ConnectionError) as e:
