@@ -36,7 +36,8 @@ SWAP_MAX_M = 16
 PIPE_DEFAULT = "0"
 # 2-CTA clusters sharing one operand through TMA multicast: dense BM = 128 tiles in pairs along M share
 # B (mcast 1); otherwise dense/masked tiles in pairs along N share A (mcast 2: small M, where every CTA
-# re-reads the same A rows); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: compile-checked, not yet measured.
+# re-reads the same A rows); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: the first H200 run was ~2x slower
+# (a GPU-scope memory barrier per K block in the remote stage release, since removed); not yet re-measured.
 MULTICAST_DEFAULT = "0"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
@@ -320,11 +321,16 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),
             vp(c.data_ptr() if c is not None else 0), vp(grouped.data_ptr() if grouped is not None else 0),
             ctypes.c_int(m_sched), ctypes.c_int(num_groups), ctypes.c_int(a_box), ctypes.c_int(sfa_box)]
-    grid = max(1, min(get_num_sms(), tiles))
-    if cfg.mcast:  # whole clusters of 2; both CTAs of a cluster walk tiles / 2 pairs
-        grid = 2 * max(1, min(get_num_sms() // 2, tiles // 2))
-    kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid,
-                cfg.threads, args)
+    kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(),
+                launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args)
+
+
+def launch_grid(cfg: Config, tiles: int, num_sms: int) -> int:
+    """CTAs of the persistent grid: at most one per SM and one per tile; multicast: whole 2-CTA clusters,
+    both CTAs of a cluster walking the same tiles / 2 tile pairs (Scheduler in sm90_gemm.cuh)."""
+    if cfg.mcast:
+        return 2 * max(1, min(num_sms // 2, tiles // 2))
+    return max(1, min(num_sms, tiles))
 
 
 def _check_sf_ptr(sfa: torch.Tensor) -> None:

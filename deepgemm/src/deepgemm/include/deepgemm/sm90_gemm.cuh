@@ -60,10 +60,14 @@ __device__ __forceinline__ void tma_load_2d_mcast(u32 dst, const TmaDesc* desc, 
                " [%0], [%1, {%3, %4}], [%2], %5;"
                :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1), "h"(mask) : "memory");
 }
-// arrive on the mbarrier at the same offset in CTA `cta` of this cluster
+// arrive on the mbarrier at the same offset in CTA `cta` of this cluster. Default semantics (release at CTA
+// scope), as CUTLASS's ClusterBarrier::arrive(cta_id): the consumer only signals that its WGMMAs (retired by
+// wgmma.wait_group) are done reading the stage. `.release.cluster` made ptxas put MEMBAR.ALL.GPU + ERRBAR +
+// CGAERRBAR before every such arrive, i.e. a wait for all of the warp's outstanding global accesses (the
+// scale prefetch, the previous tile's stores) once per K block: multicast kernels ran at about half speed.
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
   asm volatile("{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %0, %1;\n"
-               " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}" :: "r"(bar), "r"(cta) : "memory");
+               " mbarrier.arrive.shared::cluster.b64 _, [r];\n}" :: "r"(bar), "r"(cta) : "memory");
 }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
