@@ -12,7 +12,8 @@ Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per tok
         [--fp8 [--fp8-kernels default,wgmma] [--fp8-only]]
 
 --kernels times each listed kernel variant (FLASHMLA_KERNEL; auto = what a user gets, the default
-of the flag) on every shape; the first is "ours"
+of the flag; a variant may add launcher settings, e.g. wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_L2_PREFETCH=1)
+on every shape; the first is "ours"
 in the table, each further one gets its own columns (time, TFLOPS, speed relative to the first)
 after its output was checked against the first's. --fp8 adds the FP8-cache table: BF16 cache under
 the first --kernels value beside the FP8 cache under each --fp8-kernels value (default,wgmma: the
@@ -58,6 +59,29 @@ def sdpa_baseline(q, kc, bt, sl, lmax, causal):
     return o.view(b, s_q, h_q, 512)
 
 
+KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT")
+
+
+def parse_variant(spec):
+    """'wgmma+FLASHMLA_WGMMA_SPLIT=128' -> ('wgmma', {'FLASHMLA_WGMMA_SPLIT': '128'}), or None."""
+    name, *sets = spec.split("+")
+    env = dict(kv.split("=", 1) for kv in sets if "=" in kv)
+    ok = name in ("auto", "default", "wgmma") and len(env) == len(sets) and all(k in KNOBS for k in env)
+    return (name, env) if ok else None
+
+
+def use_variant(spec):
+    """Sets FLASHMLA_KERNEL and the variant's launcher settings (the others unset); the launcher reads
+    them at every call, so a graph captured afterwards runs this variant."""
+    name, env = parse_variant(spec)
+    os.environ["FLASHMLA_KERNEL"] = name
+    for k in KNOBS:
+        if k in env:
+            os.environ[k] = env[k]
+        else:
+            os.environ.pop(k, None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -68,17 +92,27 @@ def main():
     ap.add_argument("--fp8-only", action="store_true", help="skip the BF16 table (with --fp8)")
     ap.add_argument("--compare-ksplit", action="store_true",
                     help="for s_q*h_q <= 32 also time the key-split S phase (FLASHMLA_KSPLIT=0)")
+    ap.add_argument("--shapes", default=None, metavar="B;L;H;S[;KINDS]",
+                    help="override the grid: batches;seqlens;h_q;s_q[;uniform,ragged] as comma lists, "
+                         "e.g. '64;16384;32,64;1;uniform'")
+    ap.add_argument("--no-peers", action="store_true", help="time our kernel variants only (no SDPA, Triton, "
+                    "reference, FlashInfer)")
     ap.add_argument("--kernels", default="auto",
                     help="comma-separated FLASHMLA_KERNEL variants to time side by side (auto, default, wgmma)")
     args = ap.parse_args()
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    bad = [k for k in kernels if k not in ("auto", "default", "wgmma")]
+    bad = [k for k in kernels if parse_variant(k) is None]
     if not kernels or bad:
-        ap.error(f"--kernels: expected a comma-separated subset of auto,default,wgmma, got {args.kernels!r}")
+        ap.error(f"--kernels: expected comma-separated variants NAME[+VAR=VALUE...] with NAME in auto,default,"
+                 f"wgmma and VAR in {','.join(KNOBS)}, got {args.kernels!r}")
     fp8_kernels = [k.strip() for k in args.fp8_kernels.split(",") if k.strip()]
-    if not fp8_kernels or any(k not in ("auto", "default", "wgmma") for k in fp8_kernels):
+    if not fp8_kernels or any(parse_variant(k) is None for k in fp8_kernels):
         ap.error(f"--fp8-kernels: expected a comma-separated subset of auto,default,wgmma, got {args.fp8_kernels!r}")
-    os.environ["FLASHMLA_KERNEL"] = kernels[0]
+    use_variant(kernels[0])
+    labels = [k if len(k) <= 8 else f"var{i}" for i, k in enumerate(kernels)]
+    for k, lab in zip(kernels, labels):
+        if lab != k:
+            print(f"{lab} = {k}")
     assert torch.cuda.is_available() and flashmla.cuda_available(), "needs CUDA and the compiled kernels"
     try:
         import flashinfer  # noqa: F401
@@ -90,6 +124,13 @@ def main():
     batches, lens, heads, sqs = [64, 128], [1024, 4096, 8192, 16384], [16, 32, 64, 128], [1, 2]
     if args.quick:
         batches, lens, heads, sqs = [64], [4096, 16384], [16, 128], [1, 2]
+    kinds = ["uniform", "ragged"]
+    if args.shapes:
+        parts = args.shapes.split(";")
+        batches, lens, heads, sqs = ([int(x) for x in part.split(",")] for part in parts[:4])
+        kinds = parts[4].split(",") if len(parts) > 4 else kinds
+    if args.no_peers:
+        have_fi = False
     rows = []
 
     def save():  # after every row, so a run cut short by a time limit keeps what it measured
@@ -109,11 +150,11 @@ def main():
         from flashinfer_mla import FlashInferMLA
     hdr = (f"{'batch':>5} {'seqlen':>6} {'h_q':>4} {'s_q':>3} {'kind':>7} | {'ours us':>8} {'GB/s':>6} "
            f"{'TFLOPS':>6} {'%bw':>4} {'%mma':>4} | {'sdpa us':>8} {'x':>5} | {'triton':>8} {'x':>5} | "
-           f"{'ref us':>8} {'x':>6} | {'flashinf':>8} {'x':>5}" + "".join(f" | {k[:8]:>8} {'TFLOPS':>6} {'speed':>5}" for k in kernels[1:]))
+           f"{'ref us':>8} {'x':>6} | {'flashinf':>8} {'x':>5}" + "".join(f" | {k:>8} {'TFLOPS':>6} {'speed':>5}" for k in labels[1:]))
     print(hdr)
     if args.fp8_only and not args.fp8:
         ap.error("--fp8-only needs --fp8")
-    shapes = [] if args.fp8_only else itertools.product(batches, lens, heads, sqs, ["uniform", "ragged"])
+    shapes = [] if args.fp8_only else itertools.product(batches, lens, heads, sqs, kinds)
     for batch, L, h_q, s_q, kind in shapes:
         rng = random.Random(batch * L + h_q * 7 + s_q)
         sl_list = [L] * batch if kind == "uniform" else [rng.randint(1, 2 * L) for _ in range(batch)]
@@ -141,7 +182,7 @@ def main():
         rec["kernel"] = kernels[0]
         extra = ""
         for k in kernels[1:]:   # the other variants: self-check against the first, then time
-            os.environ["FLASHMLA_KERNEL"] = k
+            use_variant(k)
             ko, kl = ours()
             cos = torch.nn.functional.cosine_similarity(ko.float().flatten(), out.float().flatten(), dim=0)
             if cos > 0.99999 and torch.equal(torch.isinf(kl), torch.isinf(_lse)):
@@ -152,17 +193,17 @@ def main():
                 tk = float("nan")
             rec[f"{k}_s"] = tk
             extra += f" | {tk * 1e6:8.1f} {flops / tk / 1e12:6.1f} {t / tk:5.2f}"
-            os.environ["FLASHMLA_KERNEL"] = kernels[0]
+            use_variant(kernels[0])
         rec["frac_bw"] = nbytes / t / COPY_BW
         rec["frac_mma"] = flops / t / BF16_PEAK
         lmax = max(sl_list)
         try:
-            ts = bench_graph(lambda: sdpa_baseline(q, kc, bt, sl, lmax, causal), rep_ms=20)
+            ts = float("nan") if args.no_peers else bench_graph(lambda: sdpa_baseline(q, kc, bt, sl, lmax, causal), rep_ms=20)
         except torch.OutOfMemoryError:
             ts = float("nan")
         rec["sdpa_s"] = ts
         rec["triton_s"] = float("nan")
-        if triton_ok:
+        if triton_ok and not args.no_peers:
             try:
                 to, tl_ = triton_mla_decode(q, kc, bt, sl, causal=causal)
                 cos = torch.nn.functional.cosine_similarity(to.float().flatten(), out.float().flatten(), dim=0)
@@ -192,7 +233,7 @@ def main():
             except Exception as e:  # noqa: BLE001 - a broken peer must not stop the benchmark
                 print(f"      flashinfer failed: {type(e).__name__}: {str(e)[:300]}")
                 fi_ok = False
-        if batch == batches[0] and kind == "uniform":   # the Python-loop reference is slow: a subset
+        if batch == batches[0] and kind == "uniform" and not args.no_peers:   # the Python-loop reference is slow: a subset
             flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -226,7 +267,8 @@ def main():
             line = f"{batch:>5} {L:>6} {h_q:>4}  bf16 {tb * 1e6:8.1f} us"
             first = None
             for k in fk:
-                os.environ["FLASHMLA_KERNEL"] = k
+                use_variant(k)
+
                 def fp8():
                     return torch.ops.flashmla.mla_decode(q, k8, bt, sl, 512, meta, splits, 576 ** -0.5, False, True)
                 o8, l8 = fp8()
@@ -243,7 +285,7 @@ def main():
                 key = "fp8_s" if k == fk[0] else f"fp8_{k}_s"
                 rec.update({key: tf, f"fp8_{k}_ran": ran, f"fp8_{k}_speedup": tb / tf, f"fp8_{k}_gbps": nb8 / tf / 1e9})
                 line += f" | fp8 {k}({ran}) {tf * 1e6:8.1f} us x{tb / tf:4.2f} {nb8 / tf / 1e9:6.0f} GB/s"
-            os.environ["FLASHMLA_KERNEL"] = kernels[0]
+            use_variant(kernels[0])
             rec["speedup"] = rec[f"fp8_{fk[0]}_speedup"]
             rec["fp8_gbps"] = rec[f"fp8_{fk[0]}_gbps"]
             rows.append(rec)

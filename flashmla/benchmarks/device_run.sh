@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call that validates and measures the wgmma variant next to the default kernel:
-#   bash flashmla/benchmarks/device_run.sh OUTDIR        (from the repository root, on a CUDA machine)
+#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab]   (from the repository root, on a CUDA machine;
+#   ab: the wgmma launcher settings side by side instead of steps 2-4, see below)
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone);
@@ -24,6 +25,25 @@ t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+if [ "${2:-}" = ab ]; then
+  # A/B mode (bash device_run.sh OUT ab): the launcher settings of the BF16 wgmma kernel side by side
+  # (FLASHMLA_WGMMA_SPLIT, FLASHMLA_L2_PREFETCH) after a smoke test of each split and the GPU tests
+  for sp in 256 128; do
+    FLASHMLA_WGMMA_SPLIT=$sp timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
+      -k "test_wgmma_matches_default_kernel" >"$OUT/smoke_split$sp.log" 2>&1
+    echo "wgmma split $sp smoke: rc=$? ($(tail -1 "$OUT/smoke_split$sp.log"))"
+  done
+  t0=$(date +%s)
+  timeout 150 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
+  grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
+  V="wgmma+FLASHMLA_WGMMA_SPLIT=256+FLASHMLA_L2_PREFETCH=0"
+  for v in 256+FLASHMLA_L2_PREFETCH=3 128+FLASHMLA_L2_PREFETCH=0 128+FLASHMLA_L2_PREFETCH=1 128+FLASHMLA_L2_PREFETCH=2; do
+    V="$V,wgmma+FLASHMLA_WGMMA_SPLIT=$v"; done
+  timeout "$(left)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --kernels "$V,default" \
+    --shapes "64,128;4096,16384;16,32,64,128;1,2;uniform" --json "$OUT/bench_ab.json" 2>&1 | tee "$OUT/bench_ab.log"
+  exit 0
+fi
 KERNELS=auto,default; FP8_KERNELS=default,wgmma; EXCL=()
 timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
   -k "(test_wgmma_matches_default_kernel and not fp8) or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1

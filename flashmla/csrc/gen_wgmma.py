@@ -1,20 +1,24 @@
-"""Writes wgmma.cuh: inline-PTX wrappers of the two wgmma shapes the Hopper kernel uses.
+"""Writes wgmma.cuh: inline-PTX wrappers of the wgmma shapes the Hopper kernel uses.
 
     python csrc/gen_wgmma.py > csrc/wgmma.cuh
 
-The operand lists (32 and 128 fp32 accumulators) are too long to write by hand.
+The operand lists (32, 64 and 128 fp32 accumulators) are too long to write by hand.
 """
 
 
-def wrapper(name: str, n: int, trans_b: int) -> str:
+def wrapper(name: str, n: int, trans_b: int, halves: bool = False) -> str:
     regs = n // 2  # fp32 accumulators per thread of an m64nN tile
     acc = ", ".join(f"%{i}" for i in range(regs))
     ops = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    params = f"float (&d)[{regs}]"
+    if halves:  # the accumulators as two arrays of 64 columns' worth each (d0: columns 0..n/2-1)
+        ops = ", ".join(f'"+f"(d{i // (regs // 2)}[{i % (regs // 2)}])' for i in range(regs))
+        params = f"float (&d0)[{regs // 2}], float (&d1)[{regs // 2}]"
     return (
         f"// D[64x{n}] += A[64x16] * B[16x{n}], bf16 in, fp32 accumulate; A, B from shared memory\n"
         f"// (descriptors); B is {'MN-major (transposed)' if trans_b else 'K-major'}.\n"
         f"// scale_d = 0 ignores the old D (D = A*B).\n"
-        f"__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t da, uint64_t db, int scale_d) {{\n"
+        f"__device__ __forceinline__ void {name}({params}, uint64_t da, uint64_t db, int scale_d) {{\n"
         f'  asm volatile(\n'
         f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
         f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
@@ -31,5 +35,6 @@ print("#pragma once")
 print("#include <cstdint>\n")
 print("namespace flashmla {\n")
 print(wrapper("wgmma_m64n64k16", 64, 0))
-print(wrapper("wgmma_m64n256k16_tb", 256, 1))
+print(wrapper("wgmma_m64n128k16_tb", 128, 1))
+print(wrapper("wgmma_m64n256k16_tb2", 256, 1, halves=True))
 print("}  // namespace flashmla")

@@ -25,14 +25,23 @@ struct DecodeArgs {
   float softmax_scale;
   int causal;
   int p_bf16_min_keys;      // wgmma kernel: requests with at least this many keys round P to bf16
+  int l2_prefetch_pages;    // BF16 wgmma producer: L2 prefetch distance ahead of its TMA loads (0: off)
+  int wg1_cols;             // BF16 wgmma kernel: O columns of consumer WG1 (128 or 256 of 512)
 };
 
 // FLASHMLA_KERNEL unset or 'auto': the wgmma kernel runs from this many query rows (s_q * h_q) per
-// request on, for a BF16 cache and for the FP8 cache. The FP8 value is the one-line switch for the
-// FP8 wgmma kernel (mla_decode_wgmma_fp8.cu): "never" until it has been measured on a GPU; set it to 1
-// (or 32) to make it the FP8 default. The GPU tests read both through _C.auto_wgmma_min_rows.
-constexpr int kAutoWgmmaMinRows = 32;
+// request on, for a BF16 cache and for the FP8 cache. BF16: every row count (measured on the H200:
+// its TMA stream beats the mma.sync kernel even at 16 rows, padded to its 64-row tile). The FP8
+// value is the one-line switch for the FP8 wgmma kernel (mla_decode_wgmma_fp8.cu): "never" while
+// it is slower than the mma.sync FP8 path. The GPU tests read both through _C.auto_wgmma_min_rows.
+constexpr int kAutoWgmmaMinRows = 1;
 constexpr int kFp8WgmmaMinRows = 1 << 30;
+// BF16 wgmma kernel defaults of FLASHMLA_L2_PREFETCH and FLASHMLA_WGMMA_SPLIT (mla_decode.cu), from
+// an A/B run on the H200 (BENCHMARKS.md): a bulk L2 prefetch 3 pages ahead cost 30% on memory-bound
+// shapes (132 CTAs x 5 pages of 72 KiB in flight crowd the L2), so it is off; WG1 owning 128 of
+// the 512 O columns is 0-6% faster than an even split on compute-bound shapes, equal elsewhere.
+constexpr int kWgmmaL2Prefetch = 0;
+constexpr int kWgmmaWg1Cols = 128;
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);

@@ -505,8 +505,8 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* env = getenv("FLASHMLA_KSPLIT");
   const bool ks = !(env && env[0] == '0');
   // FLASHMLA_KERNEL: unset or 'auto' runs the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu)
-  // for a BF16 cache with at least 32 query rows per request (16 rows waste 3/4 of its 64-row tile:
-  // the mma.sync kernel below is faster there); 'default' or 'wgmma' force one. For the FP8 cache,
+  // for a BF16 cache from kAutoWgmmaMinRows query rows per request on (launch.h: all of them);
+  // 'default' (the mma.sync kernel below) or 'wgmma' force one. For the FP8 cache,
   // 'wgmma' runs mla_decode_wgmma_fp8.cu and auto runs it from kFp8WgmmaMinRows query rows on
   // (launch.h: never until it is measured). Tensors TMA cannot address always run the kernel below.
   const char* kern = getenv("FLASHMLA_KERNEL");
@@ -517,6 +517,15 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   // before P V, shorter ones keep it exact to ~2^-16 (hi/lo planes, twice the P V work)
   const char* pk = getenv("FLASHMLA_P_BF16_MIN_KEYS");
   a.p_bf16_min_keys = pk && pk[0] ? atoi(pk) : 1024;
+  // FLASHMLA_L2_PREFETCH (BF16 wgmma kernel): L2 prefetch distance in pages ahead of the producer's
+  // TMA load, 0 (off)..4
+  const char* pf = getenv("FLASHMLA_L2_PREFETCH");
+  a.l2_prefetch_pages = pf && pf[0] ? atoi(pf) : kWgmmaL2Prefetch;
+  if (a.l2_prefetch_pages < 0 || a.l2_prefetch_pages > 4) return "FLASHMLA_L2_PREFETCH must be 0..4";
+  // FLASHMLA_WGMMA_SPLIT (BF16 wgmma kernel): O columns of the S/softmax warpgroup, 128 or 256
+  const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
+  a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
+  if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;

@@ -9,9 +9,11 @@
 //        with full/empty mbarriers. setmaxnreg.dec to 40 registers.
 //   WG1  consumer 0: S = Q K^T (wgmma m64n64k16 x 36, both operands from shared memory), mask,
 //        online softmax in registers (exp2 domain), P -> shared memory as two bf16 planes
-//        hi = bf16(p), lo = bf16(p - hi), then O[:, 0:256] += P V with wgmma m64n256k16.
-//   WG2  consumer 1: O[:, 256:512] += P V from the same P (its S work is done by WG1), so WG2's
+//        hi = bf16(p), lo = bf16(p - hi), then O[:, 0:W1] += P V (wgmma m64n128k16 / n256k16).
+//   WG2  consumer 1: O[:, W1:512] += P V from the same P (its S work is done by WG1), so WG2's
 //        P V of page t overlaps WG1's S and softmax of page t+1. setmaxnreg.inc to 232 for both.
+//        W1 = FLASHMLA_WGMMA_SPLIT (128 by default: WG1's S + softmax are the critical path, so
+//        WG2 takes 3/4 of P V, 192 accumulator registers; 256 splits P V evenly).
 // P hi/lo: bf16 P alone misses the 8e-4 absolute tolerance of the tests in 46 of 96 sweep cases
 // (CPU emulation of this kernel's rounding, see BENCHMARKS.md), all of them requests of few keys:
 // the error of bf16 P shrinks with the number of keys that share the softmax mass. So requests of
@@ -27,8 +29,7 @@
 namespace flashmla {
 namespace {
 
-constexpr int PF = 3;  // L2 prefetch distance in pages (as the mma.sync kernel)
-
+template <int W1>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
@@ -56,12 +57,14 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       ++qn;
       const int* bt = a.block_table + (int64_t)b * a.bt_stride;
       const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.kcache);
-      // pages PF ahead into L2 while the producer waits for a free stage: with two stages only one
-      // page is in flight from HBM otherwise, which caps a memory-bound CTA below its bandwidth share
-      for (int p = w.kbeg + 1; p < min(w.kbeg + PF, w.kend); ++p) prefetch_l2_bulk(kc + (int64_t)bt[p] * PAGE * D_QK, TILE);
+      // while it waits for a free stage, the producer has the pages up to pf ahead of its TMA load
+      // prefetched into L2 (with two stages only one page is in flight from HBM otherwise); too deep
+      // and 132 CTAs' prefetches outgrow the L2
+      const int pf = a.l2_prefetch_pages;
+      for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p) prefetch_l2_bulk(kc + (int64_t)bt[p] * PAGE * D_QK, TILE);
       for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
         const int s = it & 1;
-        if (blk + PF < w.kend) prefetch_l2_bulk(kc + (int64_t)bt[blk + PF] * PAGE * D_QK, TILE);
+        if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc + (int64_t)bt[blk + pf] * PAGE * D_QK, TILE);
         mbar_wait(uBar + 16 + 8 * s, ((it >> 1) & 1) ^ 1);
         mbar_expect_tx(uBar + 8 * s, TILE);
         const int row = bt[blk] * PAGE;
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   // -------------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-  run_consumers<true>(a, c);
+  run_consumers<true, W1>(a, c);
 }
 
 }  // namespace
@@ -89,10 +92,11 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
   if (!make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
       !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m))
     return -1;
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  auto kernel = a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128> : mla_decode_wgmma_kernel<256>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   dim3 grid((m + BM - 1) / BM, a.parts);
-  mla_decode_wgmma_kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmK, tmQ);
+  kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmK, tmQ);
   return cudaGetLastError();
 }
 

@@ -148,19 +148,43 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
   return true;
 }
 
+// O columns owned by each consumer warpgroup, in blocks of 128: WG1 (S, softmax) the first W1, WG2
+// the other 512 - W1. W1 = 256 splits P V evenly; W1 = 128 hands a quarter of it from WG1, whose S
+// and softmax are the critical path of every page, to WG2, which otherwise waits while WG1 runs S.
+template <int NB>
+__device__ __forceinline__ void rescale_rows(float (&o)[NB][64], float al0, float al1) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      o[b][j * 4 + 0] *= al0;
+      o[b][j * 4 + 1] *= al0;
+      o[b][j * 4 + 2] *= al1;
+      o[b][j * 4 + 3] *= al1;
+    }
+}
+// O[:, blocks] += P[:, 16 keys] V[16 keys, blocks]: pairs of blocks as one n256 wgmma, an odd last
+// block as n128. dv addresses the warpgroup's first V slab (128 columns = 2 slabs, SLAB bytes apart).
+template <int NB>
+__device__ __forceinline__ void pv_step(float (&o)[NB][64], uint64_t dp, uint64_t dv) {
+#pragma unroll
+  for (int b = 0; b + 1 < NB; b += 2) wgmma_m64n256k16_tb2(o[b], o[b + 1], dp, dv + ((b * 2 * SLAB) >> 4), 1);
+  if constexpr (NB & 1) wgmma_m64n128k16_tb(o[NB - 1], dp, dv + (((NB - 1) * 2 * SLAB) >> 4), 1);
+}
+
 // The two consumer warpgroups (wg = 1, 2; t = thread index in the warpgroup) over the CTA's part
 // [b0/k0, b1/k1). Page stage s: full[s] at uBar + 8s (the page's 9 slabs are ready), empty[s] at
 // uBar + 16 + 8s (256 arrivals: both warpgroups are done with the stage). ZERO_TAIL: WG1 zeroes the
 // V rows past a request's length in its last page (the BF16 kernel's TMA copies them raw; the FP8
-// kernel's dequantising warps write zeros there themselves).
-template <bool ZERO_TAIL>
+// kernel's dequantising warps write zeros there themselves). W1: the O columns of WG1 (above).
+template <bool ZERO_TAIL, int W1>
 __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart& c) {
+  static_assert(W1 == 128 || W1 == 256, "WG1 owns 128 or 256 of the 512 O columns");
   const uint32_t uQ = c.uQ, uK = c.uK, uPlo = c.uPlo, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
   float* sAlpha = c.sAlpha;
   float* sInv = c.sInv;
-  const int m = c.m, wg = c.wg, t = c.t, row_base = c.row_base;
+  const int m = c.m, t = c.t, row_base = c.row_base;
   const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
-  const int ch = wg - 1;                       // 0: WG1 (S, softmax, O[:, :256]); 1: WG2 (O[:, 256:])
   const int lane = t & 31, gq = lane >> 2, cq = lane & 3;
   const int r_loc[2] = {(t >> 5) * 16 + gq, (t >> 5) * 16 + gq + 8};  // this thread's two rows
   const float scale_log2 = a.softmax_scale * LOG2E;
@@ -170,14 +194,19 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
     const Work w = request_work(a, b, b0, k0, b1, k1, first);
     if (w.split && w.g >= a.batch + a.parts) break;  // inconsistent metadata: never write out of bounds
 
-    // One copy of the request body per P precision (LO: hi + lo planes), so that the wgmma chains
-    // never sit behind a run-time branch on a value ptxas cannot prove warpgroup-uniform (that
-    // serialises every wgmma: ptxas C7520).
-    auto body = [&](auto lo_tag) {
+    // One copy of the request body per warpgroup role (CH 0: WG1, 1: WG2) and P precision (LO: hi +
+    // lo planes), so that the wgmma chains never sit behind a run-time branch on a value ptxas cannot
+    // prove warpgroup-uniform (that serialises every wgmma: ptxas C7520) and each role keeps only its
+    // own accumulators live.
+    auto body = [&](auto lo_tag, auto ch_tag) {
       constexpr bool LO = decltype(lo_tag)::value;
-      float o[128];                                // O[64 x 256] of this warpgroup, wgmma C layout
+      constexpr int CH = decltype(ch_tag)::value;
+      constexpr int COL0 = CH == 0 ? 0 : W1, NB = (CH == 0 ? W1 : D_V - W1) / 128;
+      float o[NB][64];                             // O[64 x NB*128] of this warpgroup, wgmma C layout
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.f;
+      for (int j = 0; j < NB; ++j)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[j][i] = 0.f;
       float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
       int lim[2];
 #pragma unroll
@@ -186,14 +215,15 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
       }
       const bool has_pages = w.kbeg < w.kend;
-      if (has_pages && ch == 0) mbar_wait(bar_qfull, qn & 1);
+      if (has_pages && CH == 0) mbar_wait(bar_qfull, qn & 1);
       qn += has_pages;
 
       for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
         const int s = it & 1;
         const uint32_t uKs = uK + s * TILE, uPhi = uKs + 8 * SLAB;
         mbar_wait(uBar + 8 * s, (it >> 1) & 1);
-        if (ch == 0) {
+        float al[2];
+        if constexpr (CH == 0) {
           // ---- S = Q K^T: 36 k-steps of 16 over the 9 slabs
           float sacc[32];
 #pragma unroll
@@ -232,16 +262,16 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
               }
           }
-          float alpha[2], muse[2];
+          float muse[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
             const float mn = fmaxf(mrow[h], mx[h]);
             muse[h] = mn == NEG_INF ? 0.f : mn;
-            alpha[h] = exp2_ftz(mrow[h] - muse[h]);
+            al[h] = exp2_ftz(mrow[h] - muse[h]);
             mrow[h] = mn;
-            lrow[h] *= alpha[h];
+            lrow[h] *= al[h];
           }
           // rows past the request's length hold arbitrary data: zero them in the V slabs
           if (ZERO_TAIL && blk == w.nb - 1 && (w.L & (PAGE - 1))) {
@@ -265,59 +295,40 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
               if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
             }
           if (cq == 0) {
-            sAlpha[r_loc[0]] = alpha[0];
-            sAlpha[r_loc[1]] = alpha[1];
+            sAlpha[r_loc[0]] = al[0];
+            sAlpha[r_loc[1]] = al[1];
           }
           fence_async_smem();
           bar_sync(BAR_P_FULL, 256);
-          // the running max rarely moves on long requests: skip the rescale when it did not for
-          // any row of the warp (alpha == 1 exactly)
-          if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-              o[j * 4 + 0] *= alpha[0];
-              o[j * 4 + 1] *= alpha[0];
-              o[j * 4 + 2] *= alpha[1];
-              o[j * 4 + 3] *= alpha[1];
-            }
-          }
         } else {
           bar_sync(BAR_P_FULL, 256);
-          const float al0 = sAlpha[r_loc[0]], al1 = sAlpha[r_loc[1]];
-          if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-              o[j * 4 + 0] *= al0;
-              o[j * 4 + 1] *= al0;
-              o[j * 4 + 2] *= al1;
-              o[j * 4 + 3] *= al1;
-            }
-          }
+          al[0] = sAlpha[r_loc[0]];
+          al[1] = sAlpha[r_loc[1]];
         }
-        // ---- O[:, ch*256 ..] += (P_hi + P_lo) V, V slabs 4*ch .. 4*ch+3 as MN-major B
-        fence_regs(o);
+        // the running max rarely moves on long requests: skip the rescale when it did not for any
+        // row of the warp (alpha == 1 exactly)
+        if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) rescale_rows(o, al[0], al[1]);
+        // ---- O[:, COL0 ..] += (P_hi + P_lo) V, V from slab COL0/64 on as MN-major B
+#pragma unroll
+        for (int j = 0; j < NB; ++j) fence_regs(o[j]);
         wgmma_fence();
-        const uint64_t dv = desc_mnmajor(uKs + ch * 4 * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
-        if (LO) {
+        const uint64_t dv = desc_mnmajor(uKs + (COL0 / 64) * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
 #pragma unroll
-          for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
-            wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
-            wgmma_m64n256k16_tb(o, dlo + ks * 2, dv + ks * 128, 1);
-          }
-        } else {
-#pragma unroll
-          for (int ks = 0; ks < PAGE / 16; ++ks) wgmma_m64n256k16_tb(o, dhi + ks * 2, dv + ks * 128, 1);
+        for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
+          pv_step(o, dhi + ks * 2, dv + ks * 128);
+          if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
         }
         wgmma_commit();
         wgmma_wait0();
-        fence_regs(o);
-        if (ch == 1) bar_arrive(BAR_P_EMPTY, 256);
+#pragma unroll
+        for (int j = 0; j < NB; ++j) fence_regs(o[j]);
+        if (CH == 1) bar_arrive(BAR_P_EMPTY, 256);
         mbar_arrive(uBar + 16 + 8 * s);
       }
 
       // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory
       float inv[2] = {0.f, 0.f};
-      if (ch == 0) {
+      if constexpr (CH == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
@@ -336,19 +347,25 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       for (int h = 0; h < 2; ++h) {
         const int rg = row_base + r_loc[h];
         if (rg >= m) continue;
-        const int col0 = ch * 256 + 2 * cq;
+        const int col0 = COL0 + 2 * cq;
         if (!w.split) {
           __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
 #pragma unroll
-          for (int j = 0; j < 32; ++j)
-            *reinterpret_cast<uint32_t*>(orow + j * 8) = pack_bf16(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+          for (int k = 0; k < NB; ++k)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              *reinterpret_cast<uint32_t*>(orow + k * 128 + j * 8) =
+                  pack_bf16(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
         } else {
           float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
 #pragma unroll
-          for (int j = 0; j < 32; ++j)
-            *reinterpret_cast<float2*>(orow + j * 8) = make_float2(o[j * 4 + 2 * h] * inv[h], o[j * 4 + 2 * h + 1] * inv[h]);
+          for (int k = 0; k < NB; ++k)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              *reinterpret_cast<float2*>(orow + k * 128 + j * 8) =
+                  make_float2(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
         }
-        if (ch == 0 && cq == 0) {
+        if (CH == 0 && cq == 0) {
           const bool empty = !(lrow[h] > 0.f);
           const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lrow[h])) * LN2;
           const int i = rg / a.h_q, hh = rg - i * a.h_q;
@@ -357,11 +374,19 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         }
       }
     };
-    if (w.L < a.p_bf16_min_keys) body(std::true_type{});  // short request: exact P
-    else body(std::false_type{});
+    using WG1 = std::integral_constant<int, 0>;
+    using WG2 = std::integral_constant<int, 1>;
+    const bool lo = w.L < a.p_bf16_min_keys;  // short request: exact P
+    if (c.wg == 1) {
+      if (lo) body(std::true_type{}, WG1{});
+      else body(std::false_type{}, WG1{});
+    } else {
+      if (lo) body(std::true_type{}, WG2{});
+      else body(std::false_type{}, WG2{});
+    }
   }
   // balance the barrier: WG2 arrived on P_EMPTY after every page, WG1 synced before all but the first
-  if (ch == 0 && it > 0) bar_sync(BAR_P_EMPTY, 256);
+  if (c.wg == 1 && it > 0) bar_sync(BAR_P_EMPTY, 256);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {

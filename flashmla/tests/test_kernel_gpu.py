@@ -18,10 +18,13 @@ KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 cache
 # wgmma: mla_decode_wgmma_fp8.cu); unset or "auto" picks one per call: test_auto_kernel_choice
 
 
-@pytest.fixture(params=KERNELS)
+@pytest.fixture(params=KERNELS + ["wgmma_split128"])
 def kernel(request, monkeypatch):
-    """Runs a decode test once per kernel variant (read by the launcher at every call)."""
-    monkeypatch.setenv("FLASHMLA_KERNEL", request.param)
+    """Runs a decode test once per kernel variant (read by the launcher at every call); the BF16
+    wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup)."""
+    name, _, split = request.param.partition("_split")
+    monkeypatch.setenv("FLASHMLA_KERNEL", name)
+    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", split or "256")
     return request.param
 
 
@@ -202,6 +205,12 @@ def test_unknown_kernel_variant_raises(monkeypatch):
     monkeypatch.setenv("FLASHMLA_KERNEL", "mma")
     with pytest.raises(RuntimeError, match="FLASHMLA_KERNEL"):
         run(q, kc, bt, sl)
+    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
+    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9")]:
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(RuntimeError, match=var):
+            run(q, kc, bt, sl)
+        monkeypatch.delenv(var)
 
 
 @pytest.mark.parametrize("h_q,s_q", [(64, 1), (128, 1), (64, 2), (128, 2), (16, 1)])
