@@ -51,7 +51,7 @@ def main():
         cfg = kernels.make_config(layout, True, d, None, n, k, m, g)
         res = {"layout": layout, "m": m, "n": n, "k": k, "groups": g,
                "model": f"{cfg.bm}x{cfg.bn}", "model_tflops": measure(layout, m, n, k, g), "tried": {}}
-        for bm, bn, mc in itertools.product(BMS, BNS, ("0", "1")):
+        for bm, bn, mc in itertools.product(BMS, BNS, os.environ.get("TUNE_MULTICAST", "0,1").split(",")):
             if time.time() - t0 > args.budget:
                 break
             os.environ["DEEPGEMM_BLOCKS"], os.environ["DEEPGEMM_MULTICAST"] = f"{bm}x{bn}", mc
