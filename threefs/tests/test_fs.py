@@ -386,3 +386,30 @@ def test_preconnect_pools_connections_and_arguments_are_checked(cluster):
                {"write_window": True}, {"readahead": 99}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             cluster.client(uid=0, gid=0, **kw)
+
+
+def test_short_circuit_sequential_reads_batched_and_opt_out(cluster):
+    """The storage nodes run on this host: a sequential read goes short-circuit, its readahead
+    several blocks per request; with short_circuit=False the same bytes come over TCP."""
+    data = os.urandom(6 << 20)
+    for sc in (True, False):
+        c = cluster.client(uid=0, gid=0, short_circuit=sc)
+        try:
+            with c.open(f"/scseq{sc}", "wb") as f:
+                f.write(data)
+            out, buf = bytearray(), bytearray(1 << 20)
+            with c.open(f"/scseq{sc}", "rb") as f:
+                while True:
+                    buf[:] = b"\xaa" * len(buf)
+                    k = f.readinto(buf)
+                    if not k:
+                        break
+                    out += buf[:k]
+            assert out == data
+            if sc:
+                st = c.storage.sc.stats
+                assert st["reads"] == 6 and st["requests"] <= 3, st
+            else:
+                assert c.storage.sc is None
+        finally:
+            c.close()

@@ -238,3 +238,33 @@ def test_flipped_byte_caught_by_client_and_repaired(craq):
     assert sc._read_replica(nodes[1].addr, args_for(sc, cid), buf) == MiB and buf == data
     assert nodes[1].stats["repairs"] == 1 and sc.stats["crc_retries"] == 1
     assert replica_metas(nodes, cid)[1] == replica_metas(nodes, cid)[0]
+
+
+def test_batch_answers_each_range_on_its_own(craq):
+    """One sc_read of several ranges: found ones get a descriptor each, the others their own
+    answer (nothing committed, unaligned -> TCP, stale chain version)."""
+    mg, nodes, sc, rc = craq
+    a, b = chunk_id(67, 0), chunk_id(67, 1)
+    da, db = os.urandom(MiB), os.urandom(300_000)
+    sc.write_chunk(1, a, 0, da)
+    sc.write_chunk(1, b, 0, db)
+    cl = shortcircuit.Client(SECRET)
+    try:
+        items = [args_for(sc, a), args_for(sc, b, 8192, 300_000), args_for(sc, chunk_id(67, 2)),
+                 args_for(sc, a, 10, 100), {**args_for(sc, b), "chain_ver": 0}]
+        ps = cl.start_batch(nodes[1].addr, items)
+        buf = bytearray(b"\x55" * MiB)
+        assert ps[0].finish(buf) == (MiB, memoryview(buf)) and buf == da
+        n, d = ps[1].finish()
+        assert n == 300_000 - 8192 and bytes(d) == db[8192:]
+        assert ps[2].finish() == (0, b"")
+        with pytest.raises(shortcircuit.Fallback):
+            ps[3].finish()
+        with pytest.raises(rpc.RpcError) as ei:
+            ps[4].finish()
+        assert ei.value.code == "CHAIN_VERSION"
+        assert nodes[1].sc.stats["reads"] == 2
+        with pytest.raises(ValueError):
+            cl.start_batch(nodes[1].addr, [args_for(sc, a)] * (shortcircuit.MAX_ITEMS + 1))
+    finally:
+        cl.close()

@@ -407,26 +407,38 @@ class File(io.RawIOBase):
                 self.client.read_into(self.attrs, self.pos, mv[:n])
         self.pos += n
         if n and self.client.readahead and "write" not in self.flags:
-            nxt = self._ra[-1][0] + self._ra[-1][1] if self._ra else self.pos
-            while len(self._ra) < self.client.readahead and nxt < self.size:
-                if not self._start_readahead(nxt, min(n, self.size - nxt)):
-                    break
-                nxt += self._ra[-1][1]
+            self._top_up(n)
         return n
 
-    def _start_readahead(self, pos: int, n: int) -> bool:
-        if n < (64 << 10):
-            return False
-        pieces = list(self.client._pieces(self.attrs["layout"], pos, n))
-        if len(pieces) != 1:
-            return False
-        idx, ch, off, k, _ = pieces[0]
-        cid = chunk_id(self.attrs["id"], idx)
-        started = self.client.storage.start_read(ch, cid, off, k)
-        if started is None:
-            return False
-        self._ra.append((pos, n, ch, cid, off, started))
-        return True
+    def _top_up(self, n: int):
+        """Keep the readahead window filled with blocks of n bytes. Over TCP: `readahead`
+        blocks, one request each (on random replicas: several serve at once). Short-circuit:
+        refilled when half-empty, up to 2 x `readahead` blocks in one request per node."""
+        ra, sc = self.client.readahead, self.client.storage.sc is not None
+        if len(self._ra) >= ra + sc:
+            return
+        nxt = self._ra[-1][0] + self._ra[-1][1] if self._ra else self.pos
+        want = []
+        for _ in range((2 * ra if sc else ra) - len(self._ra)):
+            k = min(n, self.size - nxt)
+            if k < (64 << 10):
+                break
+            pieces = list(self.client._pieces(self.attrs["layout"], nxt, k))
+            if len(pieces) != 1:
+                break
+            idx, ch, off, k, _ = pieces[0]
+            want.append((nxt, k, ch, chunk_id(self.attrs["id"], idx), off))
+            nxt += k
+        if not want:
+            return
+        started = self.client.storage.start_reads([(w[2], w[3], w[4], w[1]) for w in want])
+        for i, (w, st) in enumerate(zip(want, started)):
+            if st is None:  # the window must stay contiguous: drop the rest
+                for later in started[i + 1:]:
+                    if later is not None:
+                        later[0].cancel()
+                break
+            self._ra.append((*w, st))
 
     def _drop_readahead(self, first=None):
         for ra in ([first] if first else []) + self._ra:

@@ -54,6 +54,7 @@ HEADER = struct.Struct(">2sBBQII")
 MAC_LEN = 16
 MAX_META = 1 << 20
 MAX_DATA = 64 << 20
+MAX_FDS = 16  # descriptors passed with one frame (short-circuit reads)
 HELLO = b"3FSH"
 FLAG_POLY1305 = 1
 FLAG_GMAC = 2
@@ -150,7 +151,7 @@ def _recv_exact_fds(sock: socket.socket, n: int, fds: list) -> bytearray:
     """As _recv_exact on an AF_UNIX socket, appending descriptors passed along (SCM_RIGHTS)
     to `fds`: they arrive with the first bytes of the frame that carries them."""
     buf, got = bytearray(n), 0
-    space = socket.CMSG_SPACE(4 * 4)
+    space = socket.CMSG_SPACE(4 * MAX_FDS)
     while got < n:
         d, anc, flags, _ = sock.recvmsg(n - got, space)
         for level, typ, cdata in anc:

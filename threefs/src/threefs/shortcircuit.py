@@ -11,12 +11,15 @@ remembers that for a few seconds.
 Protocol: the rpc.py handshake (mutual challenge-response on the cluster secret: no secret, no
 descriptor) and MACed frames, then requests
     {"m": "sc_hello"}                      -> {"addr": the node's TCP address, "node": id}
-    {"m": "sc_read", chain, chain_ver, chunk, offset, length, "rel": [leases]}
-        -> {"ver", "found", "n", "off", "lease", "_crc" | "_bcrc"} + one descriptor (SCM_RIGHTS)
+    {"m": "sc_read", "items": [{chain, chain_ver, chunk, offset, length}, ...], "rel": [leases]}
+        -> {"items": [{"ver", "found", "n", "off", "lease", "_crc" | "_bcrc"} or {"err", "msg"}]}
+           + one descriptor (SCM_RIGHTS) per found range, in order
     {"m": "release", "rel": [leases]}      one-way: no answer
-An sc_read passes the same checks as a TCP read (chain version, the target serving, no pending
-version; a pending one, a range not aligned to 4 KiB blocks or a damaged header answers
-SC_FALLBACK and the client reads over TCP, where the node resolves or repairs it).
+One request carries up to 16 ranges (a sequential reader asks for its readahead window at once:
+one round trip per several MiB). Each range passes the same checks as a TCP read (chain version,
+the target serving, no pending version; a pending one, a range not aligned to 4 KiB blocks or a
+damaged header answers SC_FALLBACK and the client reads that range over TCP, where the node
+resolves or repairs it).
 
 Why a descriptor is safe under CRAQ: chunk files are copy-on-write. A write never modifies the
 committed file: it writes a new file, renamed to ".p" and, on commit, over ".c". The replaced file
@@ -43,6 +46,7 @@ PREFIX = b"\0threefs-sc/"
 RETRY_AFTER_S = 5.0  # a node found without a short-circuit socket is tried again after this
 RELEASE_AFTER_S = 0.02
 MAX_LEASES = 64  # open leases per connection; beyond them reads go over TCP
+MAX_ITEMS = rpc.MAX_FDS  # ranges per sc_read request
 
 
 def sock_name(addr: str) -> bytes:
@@ -106,26 +110,33 @@ class Server:
                 m = meta.get("m")
                 if m == "release":
                     continue
-                fds, sp = None, None
+                fds = []
                 try:
                     if m == "sc_hello":
                         res = {"addr": self.node.addr, "node": self.node.id}
                     elif m == "sc_read":
-                        if len(spans) >= MAX_LEASES:  # a client that does not release
+                        items = meta.get("items")
+                        if not isinstance(items, list) or not 0 < len(items) <= MAX_ITEMS:
+                            raise rpc.RpcError("EINVAL", f"items must be a list of 1.."
+                                               f"{MAX_ITEMS} ranges")
+                        if len(spans) + len(items) > MAX_LEASES:  # a client that does not release
                             raise rpc.RpcError("SC_FALLBACK", f"{len(spans)} leases open")
-                        res, sp = self.node.sc_open(meta)
+                        out = []
+                        for it in items:
+                            r, sp = self._open(it)
+                            if sp is not None:
+                                next_lease += 1
+                                spans[next_lease] = sp
+                                r["lease"] = next_lease
+                                fds.append(sp.fd)
+                                self.stats["reads"] += 1
+                                self._count(1)
+                            out.append(r)
+                        res = {"items": out}
                     else:
                         raise rpc.RpcError("EINVAL", f"unknown short-circuit method {m!r}")
                 except rpc.RpcError as e:
                     res = {"err": e.code, "msg": e.msg, **e.extra}
-                except Exception as e:  # noqa: BLE001 - answered; the connection stays
-                    res = {"err": "SC_FALLBACK", "msg": f"{type(e).__name__}: {e}"}
-                if sp is not None:
-                    next_lease += 1
-                    spans[next_lease] = sp
-                    res["lease"], fds = next_lease, [sp.fd]
-                    self.stats["reads"] += 1
-                    self._count(1)
                 ch.send(1, res, fds=fds)
         except rpc.ProtocolError:
             self.stats["rejected"] += 1
@@ -138,6 +149,17 @@ class Server:
             with self._lock:
                 self._conns.discard(s)
             s.close()
+
+    def _open(self, args):
+        """(result, span|None) of one range; an error is answered for this range alone."""
+        try:
+            if not isinstance(args, dict):
+                raise rpc.RpcError("EINVAL", "a range must be an object")
+            return self.node.sc_open(args)
+        except rpc.RpcError as e:
+            return {"err": e.code, "msg": e.msg, **e.extra}, None
+        except Exception as e:  # noqa: BLE001 - the TCP path decides
+            return {"err": "SC_FALLBACK", "msg": f"{type(e).__name__}: {e}"}, None
 
     def _count(self, d: int):
         with self._lock:
@@ -177,7 +199,7 @@ class Client:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher = None
-        self.stats = {"reads": 0, "fallbacks": 0, "crc_errors": 0}
+        self.stats = {"reads": 0, "requests": 0, "fallbacks": 0, "crc_errors": 0}
 
     def local(self, addr: str) -> bool:
         """Whether reads from `addr` may go short-circuit (not known to lack a socket)."""
@@ -235,28 +257,37 @@ class Client:
                 return
         c.ch.close()  # the node releases the leases of a closed connection
 
-    def start(self, addr: str, args: dict) -> "Pending":
-        """Send an sc_read for the chunk range in args (chain, chain_ver, chunk, offset,
-        length) and return without waiting; Pending.finish(into) reads the bytes. Raises
+    def start_batch(self, addr: str, items: list) -> list:
+        """Send one sc_read for several chunk ranges (dicts of chain, chain_ver, chunk,
+        offset, length; at most MAX_ITEMS) and return without waiting: one Pending per range,
+        each finished (or cancelled) on its own; the answer comes in one frame. Raises
         Fallback (no short-circuit socket for addr: read over TCP), ConnectionError."""
+        if not 0 < len(items) <= MAX_ITEMS:
+            raise ValueError(f"items must hold 1..{MAX_ITEMS} ranges, got {len(items)}")
         c = self._get(addr)
         try:
-            c.ch.send(0, {"m": "sc_read", **args, "rel": c.rel})
+            c.ch.send(0, {"m": "sc_read", "items": items, "rel": c.rel})
         except (OSError, rpc.ProtocolError) as e:
             c.ch.close()
             raise ConnectionError(f"short-circuit read from {addr} failed: {e}") from None
         c.rel = []
-        return Pending(self, addr, c, args.get("chunk"))
+        self.stats["requests"] += 1
+        b = _Batch(self, addr, c, len(items))
+        return [Pending(b, i, it.get("chunk")) for i, it in enumerate(items)]
+
+    def start(self, addr: str, args: dict) -> "Pending":
+        """start_batch of one range."""
+        return self.start_batch(addr, [args])[0]
 
     def read(self, addr: str, args: dict, into=None):
         """start(addr, args).finish(into)."""
         return self.start(addr, args).finish(into)
 
-    def _done(self, addr: str, c: _Conn, lease):
-        if lease is not None:
+    def _done(self, addr: str, c: _Conn, leases: list):
+        if leases:
             if not c.rel:
                 c.rel_since = time.monotonic()
-            c.rel.append(lease)
+            c.rel.extend(leases)
         self._put(addr, c)
 
     def _flush_loop(self):
@@ -286,61 +317,104 @@ class Client:
             self._pool.clear()
 
 
-class Pending:
-    """A short-circuit read sent and not yet received (Client.start)."""
+class _Batch:
+    """One sc_read request of several ranges; its connection returns to the pool (with the
+    leases to release) when every range is finished, and is closed when one is cancelled."""
 
-    def __init__(self, client: Client, addr: str, c: _Conn, chunk):
-        self.client, self.addr, self.c, self.chunk = client, addr, c, chunk
+    def __init__(self, client: Client, addr: str, c: _Conn, n: int):
+        self.client, self.addr, self.c, self.left = client, addr, c, n
+        self.results = None  # [(result, fd)] once received
+        self.leases: list[int] = []
+
+    def receive(self, i: int):
+        if self.results is None:
+            if self.c is None:
+                raise ConnectionError("short-circuit read cancelled")
+            fds: list[int] = []
+            try:
+                res, _ = self.c.ch.recv(1, fds=fds)
+                items = res.get("items")
+                if "err" not in res and (not isinstance(items, list) or len(items) != self.left):
+                    raise rpc.ProtocolError("sc_read answer without one result per range")
+            except (OSError, rpc.ProtocolError) as e:
+                for fd in fds:
+                    os.close(fd)
+                self.cancel()
+                raise ConnectionError(f"short-circuit read from {self.addr} failed: {e}") from None
+            if "err" in res:  # the whole request refused (e.g. too many leases)
+                items = [res] * self.left
+            found = ["err" not in r and bool(r.get("found")) and "lease" in r for r in items]
+            if len(fds) != sum(found):  # a descriptor exactly with each found range
+                for fd in fds:
+                    os.close(fd)
+                self.cancel()
+                raise ConnectionError(f"short-circuit read from {self.addr}: {len(fds)} "
+                                      f"descriptors for {sum(found)} ranges")
+            it = iter(fds)
+            self.results = [(r, next(it) if f else -1) for r, f in zip(items, found)]
+        res, fd = self.results[i]
+        if "err" in res:
+            self.done(res)
+            if res["err"] == "SC_FALLBACK":
+                self.client.stats["fallbacks"] += 1
+                raise Fallback(res.get("msg", ""))
+            raise rpc.RpcError(res["err"], res.get("msg", ""),
+                               **{k: v for k, v in res.items() if k not in ("err", "msg")})
+        return res, fd
+
+    def done(self, res: dict):
+        if isinstance(res.get("lease"), int):
+            self.leases.append(res["lease"])
+        self.left -= 1
+        if self.left == 0 and self.c is not None:
+            c, self.c = self.c, None
+            self.client._done(self.addr, c, self.leases)
 
     def cancel(self):
         c, self.c = self.c, None
         if c is not None:
-            c.ch.close()  # the answer is dropped; the node releases the connection's leases
+            c.ch.close()  # the node releases the leases of a closed connection
+        for _, fd in (self.results or ()):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.results = [({"err": "RETRY", "msg": "cancelled"}, -1)] * max(self.left, 1)
+
+
+class Pending:
+    """One range of a short-circuit read sent and not yet received (Client.start_batch)."""
+
+    def __init__(self, batch: _Batch, i: int, chunk):
+        self.batch, self.i, self.chunk = batch, i, chunk
+        self.taken = False
+
+    def cancel(self):
+        if not self.taken:
+            self.taken = True
+            self.batch.cancel()
 
     def receive(self):
-        """(result, fd): the answer and its descriptor (-1 when the chunk has nothing
-        committed); the caller reads fd, closes it, then calls release(result). Raises
+        """(result, fd): the answer for this range and its descriptor (-1 when the chunk has
+        nothing committed); the caller reads fd, closes it, then calls release(result). Raises
         Fallback (read it over TCP), rpc.RpcError (e.g. CHAIN_VERSION, NOT_SERVING),
         ConnectionError."""
-        cl, addr, c = self.client, self.addr, self.c
-        if c is None:
+        if self.taken:
             raise ConnectionError("answer already taken or cancelled")
-        fds: list[int] = []
-        try:
-            res, _ = c.ch.recv(1, fds=fds)
-        except (OSError, rpc.ProtocolError) as e:
-            for fd in fds:
-                os.close(fd)
-            self.cancel()
-            raise ConnectionError(f"short-circuit read from {addr} failed: {e}") from None
-        found = "err" not in res and bool(res.get("found"))
-        if len(fds) != int(found):  # a descriptor exactly with a found answer
-            for fd in fds:
-                os.close(fd)
-            self.cancel()
-            raise ConnectionError(f"short-circuit read from {addr}: {len(fds)} descriptors")
-        if "err" in res:
-            self.c = None
-            cl._put(addr, c)
-            if res["err"] == "SC_FALLBACK":
-                cl.stats["fallbacks"] += 1
-                raise Fallback(res.get("msg", ""))
-            raise rpc.RpcError(res["err"], res.get("msg", ""),
-                               **{k: v for k, v in res.items() if k not in ("err", "msg")})
-        return res, (fds[0] if fds else -1)
+        self.taken = True
+        return self.batch.receive(self.i)
 
     def release(self, res: dict):
-        """The descriptor of `res` is closed: its lease may end (the connection is pooled
-        again; the release goes with its next request or the idle flush)."""
-        c, self.c = self.c, None
-        if c is not None:
-            self.client._done(self.addr, c, res.get("lease"))
+        """The descriptor of `res` is closed: its lease may end (released with the next
+        request of the connection, or by the idle flush)."""
+        self.batch.done(res)
 
     def finish(self, into=None):
         """(n, data): the committed bytes, data a memoryview of `into` (or of a new buffer),
         n = 0 when the chunk has none. Raises as receive(), and rpc.RpcError CHECKSUM when the
         bytes do not match their stored CRC32C."""
-        cl = self.client
+        cl = self.batch.client
         res, fd = self.receive()
         got, n = 0, 0
         try:

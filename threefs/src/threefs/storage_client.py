@@ -255,6 +255,43 @@ class StorageClient:
         except ConnectionError:
             return None
 
+    def start_reads(self, items) -> list:
+        """start_read for several ranges [(chain, chunk id, offset, length)]: those that a
+        local replica serves go short-circuit in one request per node (one round trip for the
+        lot), the others as separate TCP reads. One handle (or None) per range, for
+        finish_read."""
+        if self.sc is None:
+            return [self.start_read(*it) for it in items]
+        out: list = [None] * len(items)
+        groups: dict[str, list[int]] = {}
+        for i, (ch, cid, off, n) in enumerate(items):
+            c = self.routing.chain(ch)
+            serving = Routing.serving(c) if c else []
+            local = [a for a in (self.routing.addr_of(t["id"]) for t in serving) if self._sc_ok(a)]
+            if not local:
+                out[i] = self.start_read(ch, cid, off, n)
+                continue
+            # the node already picked for this batch when it holds a replica too
+            addr = next((a for a in groups if a in local), None) or random.choice(local)
+            groups.setdefault(addr, []).append(i)
+        for addr, idx in groups.items():
+            for k in range(0, len(idx), shortcircuit.MAX_ITEMS):
+                part = idx[k:k + shortcircuit.MAX_ITEMS]
+                args = []
+                for i in part:
+                    ch, cid, off, n = items[i]
+                    args.append({"chain": ch, "chain_ver": self.routing.chain(ch)["ver"],
+                                 "chunk": cid.hex(), "offset": off, "length": n})
+                try:
+                    ps = self.sc.start_batch(addr, args)
+                except (shortcircuit.Fallback, ConnectionError):
+                    for i in part:
+                        out[i] = self.start_read(*items[i])
+                    continue
+                for i, p, a in zip(part, ps, args):
+                    out[i] = (p, items[i][3], addr, a)
+        return out
+
     def finish_read(self, started, chain_id: int, cid: bytes, offset: int, into) -> int:
         """Receive a started read into `into`; if that replica refused or failed, read again
         the usual way (read_chunk: other replicas, retries). Returns the byte count."""
