@@ -508,7 +508,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   // for a BF16 cache from kAutoWgmmaMinRows query rows per request on (launch.h: all of them);
   // 'default' (the mma.sync kernel below) or 'wgmma' force one. For the FP8 cache,
   // 'wgmma' runs mla_decode_wgmma_fp8.cu and auto runs it from kFp8WgmmaMinRows query rows on
-  // (launch.h: never until it is measured). Tensors TMA cannot address always run the kernel below.
+  // (launch.h: 64). Tensors TMA cannot address always run the kernel below.
   const char* kern = getenv("FLASHMLA_KERNEL");
   const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
   if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0)

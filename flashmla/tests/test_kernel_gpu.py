@@ -67,7 +67,7 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
     # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, from the
-    # launcher's row threshold on (32 for a BF16 cache; "never" for FP8 until it is switched on)
+    # launcher's row thresholds on (_C.auto_wgmma_min_rows: 1 for a BF16 cache, 64 for FP8)
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
     auto_rows = flashmla.api._C.auto_wgmma_min_rows(fp8)
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
@@ -285,9 +285,9 @@ def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
 @pytest.mark.parametrize("h_q,s_q,fp8", [(16, 1, False), (16, 2, False), (32, 1, False), (128, 2, False),
                                          (64, 1, True), (16, 1, True)])
 def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
-    """Without FLASHMLA_KERNEL the launcher picks wgmma for a BF16 cache with >= 32 query rows per
-    request and the default kernel otherwise, FP8 caches included until the FP8 wgmma variant is
-    measured (run() asserts which ran); results meet the tolerances."""
+    """Without FLASHMLA_KERNEL the launcher picks wgmma from _C.auto_wgmma_min_rows query rows per
+    request on (BF16 cache: always; FP8 cache: from 64 rows) and the default kernel below (run()
+    asserts which ran); results meet the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
     lens = [4097, 0, 63, 1025, 1]
