@@ -119,7 +119,7 @@ def bench_dense(m, n, k, with_ref=True, peers=True):
     return row
 
 
-def bench_contiguous(g, mg, n, k):
+def bench_contiguous(g, mg, n, k, peers=True):
     m = g * mg
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
@@ -133,6 +133,8 @@ def bench_contiguous(g, mg, n, k):
     ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, idx)
     row = {"layout": "contiguous", "groups": g, "m_per_group": mg, "n": n, "k": k, "ours_us": t * 1e6,
            "ours_tflops": flops / t / 1e12, "ours_gbs": nbytes / t / 1e9, "diff": dg.calc_diff(d, r)}
+    if not peers:
+        return row
     try:  # peer: one blockwise cuBLAS GEMM per group
         fns = [scaled_mm_blockwise(a[0][i * mg:(i + 1) * mg], a[1][i * mg:(i + 1) * mg].contiguous(),
                                    b[0][i], b[1][i])[0] for i in range(g)]
@@ -210,13 +212,18 @@ def main():
              ("dense", 128, 7168, 2048), ("dense", 128, 4096, 7168), ("dense", 64, 4096, 7168),
              ("masked", 8, 4096, 7168), ("masked", 32, 7168, 2048), ("dense", 4096, 7168, 2048), ("dense", 4096, 4096, 7168)]
     large = [("dense", 4096, n, k) for n, k in DENSE_NK]  # multicast of B (BM = 128); small M: of A
+    # contiguous cases: m is (groups, rows per group)
+    contig = [("contiguous", gm, n, k) for n, k in GROUPED_NK for gm in CONTIG]
+    per_env = {"DEEPGEMM_MULTICAST": large + cases,
+               "DEEPGEMM_BN256": large + contig}  # 128 x 256 tiles apply only at M > 128
     for spec in args.compare:
         env, values = spec.split("=")
-        for layout, m, n, k in (large + cases if env == "DEEPGEMM_MULTICAST" else cases):
+        for layout, m, n, k in per_env.get(env, cases):
             res = {}
             for val in values.split(","):
                 os.environ[env] = val
                 row = (bench_dense(m, n, k, with_ref=False, peers=False) if layout == "dense"
+                       else bench_contiguous(*m, n, k, peers=False) if layout == "contiguous"
                        else bench_masked(m, 64, n, k, peers=False))
                 res[val] = row["ours_tflops"]
                 if row["diff"] > 1e-5:  # a variant that computes wrong numbers is not a speed-up

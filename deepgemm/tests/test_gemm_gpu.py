@@ -368,3 +368,57 @@ def test_multicast_dense(epi, monkeypatch):
         assert cfg.mcast == (2 if -(-n // cfg.bn) % 2 == 0 else 0), cfg
         _check_dense_outputs(_rand((m, k), m + 11), _rand((n, k), n + 13))
     _check_masked_8x64(40)  # masked, with empty groups
+
+
+@pytest.mark.parametrize("epi", ["staged", "direct"])
+def test_bn256_wide_tiles(epi, monkeypatch):
+    """DEEPGEMM_BN256=1: FP8 128 x 256 tiles (each consumer warpgroup: 64 rows x two 128-column halves).
+    The large DeepSeek-V3 shapes the model gives them; forced (DEEPGEMM_BLOCKS=128x256) on unaligned M and N
+    (a last tile whose second half lies past N, N not a multiple of 128, M not a multiple of 128, a single
+    tile) with BF16 / FP32 (+ C) / FP8 outputs; grouped contiguous (padding rows untouched) and masked."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_BN256", "1")
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
+    for n, k in NK[1:]:  # N = 2112 keeps 128 x 112 (fewer waves)
+        m = 4096
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        assert kernels.make_config("dense", True, d, None, n, k, m, 1).bn == 256
+        x, y = _rand((m, k), n + 1), _rand((n, k), k + 2)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        dg.fp8_gemm_nt(a, b, d)
+        r = torch.empty(m, n, device=DEV)
+        ref.ref_gemm_nt(*a, *b, r)
+        _check(d, r, x.float() @ y.float().t())
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x256")
+    for m, n, k in [(1000, 2112, 7168), (129, 4104, 1536), (300, 384, 256), (200, 256, 128)]:
+        assert kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1).bn == 256
+        _check_dense_outputs(_rand((m, k), m + 5), _rand((n, k), n + 7))
+    for g, mean, (n, k), force in [(4, 1024, (4096, 7168), False), (8, 256, (7168, 2048), True)]:
+        # the model's pick; the smaller case (the model gives it BN = 120) forced
+        monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x256") if force else monkeypatch.delenv("DEEPGEMM_BLOCKS", raising=False)
+        m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, mean, g + 50), device=DEV)
+        m = m_indices.numel()
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        assert kernels.make_config("contiguous", True, d, None, n, k, m, 1).bn == 256
+        x, y = _rand((m, k), 15), _rand((g, n, k), 16)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+        r = torch.full((m, n), float("nan"), device=DEV)
+        ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
+        valid = m_indices >= 0
+        assert d[~valid].float().isnan().all(), "padding rows were written"
+        _check(d[valid], r[valid])
+    monkeypatch.delenv("DEEPGEMM_BLOCKS", raising=False)
+    g, m_max, n, k = 4, 256, 4096, 7168
+    mm = torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    assert kernels.make_config("masked", True, d, None, n, k, m_max, g).bn == 256
+    x, y = _rand((g, m_max, k), 21), _rand((g, n, k), 22)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
+    for gi, mg in enumerate(mm.tolist()):
+        assert d[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
+        if mg:
+            _check(d[gi, :mg], r[gi, :mg])

@@ -39,6 +39,11 @@ PIPE_DEFAULT = "0"
 # re-reads the same A rows); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: the first H200 run was ~2x slower
 # (a GPU-scope memory barrier per K block in the remote stage release, since removed); not yet re-measured.
 MULTICAST_DEFAULT = "0"
+# FP8 128 x 256 tiles at M > 128 (each consumer warpgroup: 64 rows x two 128-column halves per K block):
+# 25 % fewer L2 -> SM bytes and ~10 % less shared-memory traffic per FLOP than 128 x 128 (BENCHMARKS.md,
+# "prepared"); DEEPGEMM_BN256=0|1 overrides. Off by default: compile-checked, not yet measured.
+BN256_DEFAULT = "0"
+BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes: 144 / 160)
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -48,6 +53,7 @@ BLOCK_MS = (64, 128)
 BLOCK_NS_FP8 = tuple(range(16, 129, 8))   # a tile spans at most two 128-wide B scale blocks
 BLOCK_NS_FP8_POW2 = (16, 32, 64, 128)
 BLOCK_NS_BF16 = tuple(range(16, 257, 16))
+BLOCK_N_FP8_WIDE = 256  # FP8, BM = 128 only: two 128-column halves (DEEPGEMM_BN256 / DEEPGEMM_BLOCKS=128x256)
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,8 @@ def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, k
     if swap:
         return 1024 + stages * (bm * 128 + 64 * 128 + 128) + 16 * stages  # A's scales padded to 128 B
     sfa = bm * 4 if fp8 else 0
-    staging = (bm // 64) * 64 * (bn * 2 + 16) if epi else 0
+    ew = 64 if (fp8 and bn > 128) else bn  # FP8 BN = 256: staged epilogue in 64-column passes
+    staging = (bm // 64) * 64 * (ew * 2 + 16) if epi else 0
     red = 128 * (bn // 2) * 4 if ksplit else 0
     return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging + red
 
@@ -115,15 +122,16 @@ def tile_cost(bm: int, bn: int) -> float:
     """Relative time of one 128-wide K block of a tile on one SM: the larger of the tensor-core
     work (a single consumer warpgroup, BM = 64, idles while it rescales: x1.5) and the bytes
     streamed in (64 units per row of A or B: balances a 128x128 tile)."""
-    mma = bm * bn * (1.5 if bm == 64 else 1.0)
+    mma = bm * bn * (1.5 if bm == 64 else BN256_COST if bn > 128 else 1.0)
     load = (bm + bn) * 64.0
     return max(mma, load)
 
 
 def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
-                  small_m_bn: str = SMALL_M_BN_DEFAULT) -> tuple[int, int]:
+                  small_m_bn: str = SMALL_M_BN_DEFAULT, bn256: bool = False) -> tuple[int, int]:
     """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems.
-    small_m_bn="pow2" restricts FP8 BN to powers of two when m <= SMALL_M."""
+    small_m_bn="pow2" restricts FP8 BN to powers of two when m <= SMALL_M; bn256 adds FP8 128 x 256
+    tiles when m > SMALL_M."""
     if small_m_bn not in ("fill", "pow2"):
         raise ValueError(f"DEEPGEMM_SMALL_M_BN: expected 'fill' or 'pow2', got {small_m_bn!r}")
     bns = BLOCK_NS_BF16
@@ -131,7 +139,8 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
         bns = BLOCK_NS_FP8_POW2 if small_m_bn == "pow2" and m <= SMALL_M else BLOCK_NS_FP8
     best = None
     for bm in BLOCK_MS:
-        for bn in bns:
+        wide = (BLOCK_N_FP8_WIDE,) if fp8 and bn256 and bm == 128 and m > SMALL_M else ()
+        for bn in bns + wide:
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
             cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn)
             # tie-break: fewer tiles (less re-reading of A and B)
@@ -142,12 +151,15 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
 
 
 def parse_blocks(spec: str, fp8: bool) -> tuple[int, int]:
-    """DEEPGEMM_BLOCKS="BMxBN" (e.g. "128x112"): BM in BLOCK_MS, BN a multiple of 8 (FP8: 16-128; BF16: 16-256)."""
+    """DEEPGEMM_BLOCKS="BMxBN" (e.g. "128x112"): BM in BLOCK_MS, BN a multiple of 8 (FP8: 16-128, or 256 with
+    BM = 128; BF16: 16-256)."""
     try:
         bm, bn = (int(v) for v in spec.lower().split("x"))
     except ValueError:
         raise ValueError(f"DEEPGEMM_BLOCKS: expected 'BMxBN' such as '128x112', got {spec!r}") from None
     bns = BLOCK_NS_FP8 if fp8 else BLOCK_NS_BF16
+    if fp8 and bm == 128 and bn == BLOCK_N_FP8_WIDE:
+        return bm, bn
     if bm not in BLOCK_MS or bn not in bns:
         raise ValueError(f"DEEPGEMM_BLOCKS: BM must be one of {BLOCK_MS} and BN one of {bns[0]}..{bns[-1]} "
                          f"(step {bns[1] - bns[0]}) for {'FP8' if fp8 else 'BF16'}, got {spec!r}")
@@ -163,20 +175,23 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_SWAP_AB", SWAP_AB_DEFAULT),
                         os.environ.get("DEEPGEMM_PIPE", PIPE_DEFAULT),
                         os.environ.get("DEEPGEMM_MULTICAST", MULTICAST_DEFAULT),
-                        os.environ.get("DEEPGEMM_BLOCKS", ""))
+                        os.environ.get("DEEPGEMM_BLOCKS", ""),
+                        os.environ.get("DEEPGEMM_BN256", BN256_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
-                 mcast_env=MULTICAST_DEFAULT, blocks_env="") -> Config:
+                 mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
         bm = 8 if m_hint <= 8 else 16
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, 64,
                       max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env))
-    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env)
+    if bn256_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_BN256: expected 0 or 1, got {bn256_env!r}")
+    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env == "1")
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
@@ -186,13 +201,14 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     if pipe_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PIPE: expected 0 or 1, got {pipe_env!r}")
-    pipe = int(fp8 and not ksplit and pipe_env == "1")
+    wide = fp8 and bn > 128  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
+    pipe = int(fp8 and not ksplit and not wide and pipe_env == "1")
     if mcast_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
     # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
     # an even count of those, and a grid of >= 2 CTAs
     mcast = 0
-    if mcast_env == "1" and not pipe and num_sms >= 2:
+    if mcast_env == "1" and not pipe and not wide and num_sms >= 2:
         if kind == "dense" and bm == 128 and not ksplit and bn % 16 == 0 and ceil_div(m_hint, bm) % 2 == 0:
             mcast = 1
         elif kind in ("dense", "masked") and ceil_div(n, bn) % 2 == 0:
@@ -234,7 +250,7 @@ def kernel_source(cfg: Config) -> str:
                 f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}"
                 + (f", {cfg.pipe}, {cfg.mcast}" if cfg.mcast else ", 1" if cfg.pipe else ""))
         headers = compiler.read_header()
-        mma_n = cfg.bn
+        mma_n = 128 if cfg.fp8 and cfg.bn > 128 else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
     return (
         f"// deepgemm kernel {asdict(cfg)}\n"
         + headers

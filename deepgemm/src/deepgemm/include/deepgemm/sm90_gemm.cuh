@@ -187,7 +187,10 @@ struct Scheduler {
 template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT>
 struct SmemPlan {
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 ? BM * 4 : 0;
-  static constexpr int kPitch = BN * 2 + 16;  // staged BF16 epilogue: padded rows, conflict-free writes
+  // staged BF16 epilogue: padded rows (conflict-free writes), kEW columns per pass (FP8 BN = 256: four
+  // 64-column passes, so that the staging fits beside 4 pipeline stages)
+  static constexpr int kEW = (FP8 && BN > 128) ? 64 : BN;
+  static constexpr int kPitch = kEW * 2 + 16;
   static constexpr int kEpiBytes = EPI ? (BM / 64) * 64 * kPitch : 0;
   static constexpr int kRedBytes = KSPLIT ? 128 * (BN / 2) * 4 : 0;  // K-split partial sums
   static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES + kEpiBytes + kRedBytes;
@@ -233,7 +236,13 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   static_assert(EPI == 0 || OUT == kOutBF16, "staged epilogue is BF16-only");
   constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
   static_assert(BM == 64 || BM == 128, "BM");
-  static_assert(BN % 8 == 0 && BN <= (FP8 ? 128 : 256), "BN: a multiple of 8, <= 128 (FP8: a tile spans <= 2 B scale blocks)");
+  // FP8 BN = 256 ("wide" tile, DEEPGEMM_BN256): each consumer warpgroup multiplies its 64 rows by the two
+  // 128-column halves of the B tile in turn (m64n128k32 WGMMAs into one 64-register temporary), so the
+  // FP32 accumulator is 128 registers + 64 for the temporary; each half lies in exactly one B scale block
+  constexpr bool WIDE = FP8 && BN > 128;
+  static_assert(BN % 8 == 0 && (BN <= (FP8 ? 128 : 256) || (WIDE && BN == 256)),
+                "BN: a multiple of 8, <= 128 (FP8: a tile spans <= 2 B scale blocks) or FP8 256");
+  static_assert(!WIDE || (BM == 128 && !KSPLIT && !PIPE && !MCAST), "FP8 BN = 256: BM = 128, no KSPLIT/PIPE/MCAST");
   static_assert(K % KEL == 0, "K");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -383,9 +392,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       if constexpr (FP8) take_scales(kb, s, sc);
       fence_regs(t);
       wgmma_fence();
+      if constexpr (!WIDE) {  // (the wide tile issues its own halves)
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        Wgmma<BN, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), FP8 ? k : ((kb | k) != 0));
+        for (int k = 0; k < 4; ++k)
+          Wgmma<BN, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), FP8 ? k : ((kb | k) != 0));
+      }
       wgmma_commit();
     };
     if constexpr (!FP8) {
@@ -401,6 +412,37 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       wgmma_wait<0>();
       fence_regs(acc);
       release((it + KB - 1) % STAGES);
+    } else if constexpr (WIDE) {
+      // two 128-column halves per K block, one commit group each; the other consumer warpgroup's WGMMAs
+      // keep the tensor cores busy while this one promotes. The tile starts on a multiple of 128, so
+      // half h uses B scale sb_h (sc[2h], sc[2h + 1]) and no column boundary test is needed.
+      float t[64], sc[4];
+      for (int kb = 0; kb < KB; ++kb) {
+        const u32 s = (it + kb) % STAGES, ph = ((it + kb) / STAGES) & 1;
+        mbar_wait(bars + 8 * s, ph);
+        const u32 a_addr = sA + s * A_BYTES + wrow * 64 * 128, b_addr = sB + s * B_BYTES;
+        take_scales(kb, s, sc);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          fence_regs(t);
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            Wgmma<BN / 2, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + h * 128 * 128 + 32 * k), k);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(t);
+          if (h == 1) release(s);
+          const float s0 = sc[2 * h], s1 = sc[2 * h + 1];
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            acc[h * 64 + j * 4 + 0] += t[j * 4 + 0] * s0;
+            acc[h * 64 + j * 4 + 1] += t[j * 4 + 1] * s0;
+            acc[h * 64 + j * 4 + 2] += t[j * 4 + 2] * s1;
+            acc[h * 64 + j * 4 + 3] += t[j * 4 + 3] * s1;
+          }
+        }
+      }
     } else if constexpr (!PIPE) {
       float t[BN / 2], sc[4];
       for (int kb = kw; kb < KB; kb += KSTEP) {
@@ -450,40 +492,50 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     const int row_wg = m_blk * BM + wrow * 64;  // first row of this warpgroup's 64
     const int col_t = n_blk * BN;
     if constexpr (EPI == 1) {
-      constexpr int P = Plan::kPitch;
+      constexpr int P = Plan::kPitch, EW = Plan::kEW;
       unsigned char* buf = epi_smem + wrow * 64 * P;
-      named_bar_sync(1 + wrow, 128);  // the previous tile's copy-out has finished reading buf
+      // one pass of EW columns from tile column cp0: registers -> buf -> 16-byte global stores
+      auto epi_pass = [&](const int cp0) {
+        named_bar_sync(1 + wrow, 128);  // the previous copy-out has finished reading buf
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = r_in_wg + half * 8;
-        const bool row_ok = row_wg + r < limit;
+        for (int half = 0; half < 2; ++half) {
+          const int r = r_in_wg + half * 8;
+          const bool row_ok = row_wg + r < limit;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int c = j * 8 + (lane % 4) * 2;
-          float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
-          if (CT != kNoC && row_ok && col_t + c < N) {
-            const long long off = (row_off + row_wg + r) * (long long)N + col_t + c;
-            if (CT == kCF32) {
-              const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
-              v0 += cp[0]; v1 += cp[1];
-            } else {
-              const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
-              v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+          for (int j = 0; j < EW / 8; ++j) {
+            const int c = j * 8 + (lane % 4) * 2;  // column within the pass
+            const int jj = cp0 / 8 + j;
+            float v0 = acc[jj * 4 + half * 2], v1 = acc[jj * 4 + half * 2 + 1];
+            if (CT != kNoC && row_ok && col_t + cp0 + c < N) {
+              const long long off = (row_off + row_wg + r) * (long long)N + col_t + cp0 + c;
+              if (CT == kCF32) {
+                const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
+                v0 += cp[0]; v1 += cp[1];
+              } else {
+                const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
+                v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+              }
             }
+            *reinterpret_cast<u32*>(buf + r * P + c * 2) = pack_bf16(v0, v1);
           }
-          *reinterpret_cast<u32*>(buf + r * P + c * 2) = pack_bf16(v0, v1);
         }
-      }
-      named_bar_sync(1 + wrow, 128);
-      constexpr int CH = BN / 8;  // 16-byte chunks per row
-      const int wtid = tid % 128;
-      for (int idx = wtid; idx < 64 * CH; idx += 128) {
-        const int r = idx / CH, ch = idx - r * CH;
-        const int row = row_wg + r, col = col_t + ch * 8;
-        if (row >= limit || col >= N) continue;
-        if (KIND == kContiguous && grouped[row] < 0) continue;
-        const Vec16 v = *reinterpret_cast<const Vec16*>(buf + r * P + ch * 16);
-        *reinterpret_cast<Vec16*>(reinterpret_cast<unsigned short*>(d_ptr) + (row_off + row) * (long long)N + col) = v;
+        named_bar_sync(1 + wrow, 128);
+        constexpr int CH = EW / 8;  // 16-byte chunks per row
+        const int wtid = tid % 128;
+        for (int idx = wtid; idx < 64 * CH; idx += 128) {
+          const int r = idx / CH, ch = idx - r * CH;
+          const int row = row_wg + r, col = col_t + cp0 + ch * 8;
+          if (row >= limit || col >= N) continue;
+          if (KIND == kContiguous && grouped[row] < 0) continue;
+          const Vec16 v = *reinterpret_cast<const Vec16*>(buf + r * P + ch * 16);
+          *reinterpret_cast<Vec16*>(reinterpret_cast<unsigned short*>(d_ptr) + (row_off + row) * (long long)N + col) = v;
+        }
+      };
+      if constexpr (EW == BN) {
+        epi_pass(0);
+      } else {
+#pragma unroll
+        for (int pass = 0; pass < BN / EW; ++pass) epi_pass(pass * EW);
       }
     } else {
       const int col0 = col_t + (lane % 4) * 2;

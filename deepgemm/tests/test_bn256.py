@@ -1,0 +1,87 @@
+"""DEEPGEMM_BN256 (FP8 128 x 256 tiles) on the CPU: the block choice, the shared-memory plan, the switch's
+interplay with the other switches, and (with nvcc) ptxas' report for every kernel the switch builds."""
+import re
+
+import pytest
+import torch
+
+from deepgemm.jit import compiler, kernels
+
+NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+D = torch.empty(1, 1, dtype=torch.bfloat16)
+
+
+def test_bn256_block_choice(monkeypatch):
+    """Off: the model's choice is unchanged (never 256). On: 128 x 256 where it needs no more waves of the
+    132 SMs than 128 x 128 (every large DeepSeek-V3 shape but N = 2112, 3 waves vs 128 x 112's 5); never at
+    M <= 128."""
+    for n, _ in NK:
+        assert kernels.choose_blocks(4096, n, 1, 132)[1] <= 128
+    picks = {n: kernels.choose_blocks(4096, n, 1, 132, bn256=True) for n, _ in NK}
+    assert picks == {2112: kernels.choose_blocks(4096, 2112, 1, 132), 24576: (128, 256), 32768: (128, 256),
+                     7168: (128, 256), 4096: (128, 256)}
+    for m in (1, 64, 128):
+        for n, _ in NK:
+            assert kernels.choose_blocks(m, n, 1, 132, bn256=True) == kernels.choose_blocks(m, n, 1, 132)
+    assert kernels.choose_blocks(4096, 7168, 1, 132, fp8=False, bn256=True)[1] <= 256  # BF16: its own list
+
+
+def test_bn256_config_and_smem(monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_BN256", "1")
+    monkeypatch.setenv("DEEPGEMM_PIPE", "1")       # ignored by the wide tile
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")  # ignored by the wide tile
+    for n, k in NK[1:]:
+        cfg = kernels.make_config("dense", True, D, None, n, k, 4096, 1)
+        assert (cfg.bm, cfg.bn, cfg.pipe, cfg.mcast, cfg.ksplit, cfg.epi) == (128, 256, 0, 0, 0, 1), cfg
+        assert cfg.threads == 384 and cfg.stages == min(4, k // 128)
+        # staged epilogue in 64-column passes: 2 x 64 x 144 bytes beside four 49.7 KB stages
+        assert kernels.smem_bytes(True, k, 128, 256, cfg.stages, 1) == 1024 + cfg.stages * 49664 + 16 * cfg.stages + 18432
+        assert kernels.smem_bytes(True, k, 128, 256, cfg.stages, 1) <= kernels.SMEM_LIMIT
+        src = kernels.kernel_source(cfg)
+        assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in src and "Wgmma<128, true>" in src
+    assert kernels.make_config("contiguous", True, D, None, 4096, 7168, 32768, 1).bn == 256
+    assert kernels.make_config("masked", True, D, None, 4096, 7168, 256, 4).bn == 256
+    assert kernels.make_config("dense", True, D, None, 7168, 2048, 128, 1).bn <= 128  # small M: unchanged
+    monkeypatch.setenv("DEEPGEMM_BN256", "0")
+    assert kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1).bn == 128
+    monkeypatch.setenv("DEEPGEMM_BN256", "yes")
+    with pytest.raises(ValueError, match="DEEPGEMM_BN256"):
+        kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
+
+
+def test_bn256_forced_blocks(monkeypatch):
+    """DEEPGEMM_BLOCKS=128x256 forces the wide tile (FP8); 64 x 256 stays invalid for FP8."""
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x256")
+    cfg = kernels.make_config("dense", True, D, None, 2112, 7168, 1000, 1)
+    assert (cfg.bm, cfg.bn, cfg.stages) == (128, 256, 4)
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "64x256")
+    with pytest.raises(ValueError, match="DEEPGEMM_BLOCKS"):
+        kernels.make_config("dense", True, D, None, 2112, 7168, 1000, 1)
+
+
+def _bn256_configs():
+    cfgs = [kernels._make_config("dense", True, torch.bfloat16, None, n, k, 4096, 1, 132, "staged", "1",
+                                 blocks_env="128x256" if n == 2112 else "", bn256_env="1") for n, k in NK]
+    cfgs += [kernels._make_config("contiguous", True, torch.bfloat16, None, 4096, 7168, 32768, 1, 132, "staged", "1",
+                                  bn256_env="1"),
+             kernels._make_config("masked", True, torch.bfloat16, None, 4096, 7168, 256, 4, 132, "staged", "1",
+                                  bn256_env="1"),
+             kernels._make_config("dense", True, torch.float32, torch.float32, 7168, 2048, 4096, 1, 132, "staged", "1",
+                                  bn256_env="1"),
+             kernels._make_config("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "direct", "1",
+                                  bn256_env="1")]
+    assert all(c.bn == 256 for c in cfgs)
+    return cfgs
+
+
+@pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
+def test_bn256_kernels_compile_clean(tmp_path, monkeypatch):
+    """Every kernel the switch builds for the DeepSeek-V3 shapes at M = 4096 (N = 2112 forced), grouped
+    contiguous and masked, FP32 output with C and the direct epilogue: no spills, no stack, WGMMAs not
+    serialised (ptxas C75xx), and at most the 232 registers the consumer warpgroups get."""
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
+    for cfg in _bn256_configs():
+        _, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
+        assert not compiler.spills(rec.ptxas) and "0 bytes spill stores" in rec.ptxas, (cfg, rec.ptxas)
+        assert "C75" not in rec.ptxas, (cfg, rec.ptxas)
+        assert int(re.search(r"Used (\d+) registers", rec.ptxas).group(1)) <= 232
