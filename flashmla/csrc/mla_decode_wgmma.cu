@@ -29,7 +29,7 @@
 namespace flashmla {
 namespace {
 
-template <int W1>
+template <int W1, bool PIPE>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   if (wg == 0) {
     // ------------------------------------------------------------------ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (t != 0) return;
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmK)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmQ)) : "memory");
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   }
 
   // -------------------------------------------------------------------- consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-  run_consumers<true, W1>(a, c);
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  run_consumers<true, W1, PIPE>(a, c);
 }
 
 }  // namespace
@@ -92,7 +92,8 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
   if (!make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
       !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m))
     return -1;
-  auto kernel = a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128> : mla_decode_wgmma_kernel<256>;
+  auto kernel = a.wgmma_pipe ? mla_decode_wgmma_kernel<128, true>
+                : a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128, false> : mla_decode_wgmma_kernel<256, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   dim3 grid((m + BM - 1) / BM, a.parts);

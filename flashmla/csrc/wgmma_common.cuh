@@ -22,12 +22,16 @@ constexpr int NSLAB = D_QK / 64;         // 9 slabs per page and per Q tile
 constexpr int TILE = NSLAB * SLAB;       // 73728 bytes
 constexpr int BM = 64, NTHREADS = 384;
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
-// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty), alpha[64], inv[2][64]
-constexpr int MISC = 64 + 3 * 64 * 4;
+// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty), alpha[2][64], inv[2][64]
+constexpr int MISC = 64 + 4 * 64 * 4;
 constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
-// named barriers (0 is __syncthreads)
-constexpr int BAR_P_FULL = 1, BAR_P_EMPTY = 2, BAR_EPI = 3;
+// named barriers (0 is __syncthreads); P_FULL alternates by page parity so that WG1 can arrive for
+// page t+1 before WG2 has synced on page t, EPI by request parity likewise; WG1_ONLY orders WG1's
+// own P stores before its P V
+constexpr int BAR_P_FULL0 = 1, BAR_P_EMPTY = 2, BAR_EPI0 = 3, BAR_P_FULL1 = 4, BAR_WG1_ONLY = 5, BAR_EPI1 = 6;
+__device__ __forceinline__ int bar_p_full(int page) { return page & 1 ? BAR_P_FULL1 : BAR_P_FULL0; }
+__device__ __forceinline__ int bar_epi(int req) { return req & 1 ? BAR_EPI1 : BAR_EPI0; }
 
 // ---- PTX wrappers
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -66,6 +70,7 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {  // keep accumulator accesses in place
 #pragma unroll
@@ -113,7 +118,7 @@ __device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0,
 // its 64 query rows and its scheduler part [b0/k0, b1/k1).
 struct CtaPart {
   uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty;
-  float* sAlpha;  // [64] row rescale factors of the current page (WG1 -> WG2)
+  float* sAlpha;  // [2][64] row rescale factors by parity of the page (WG1 -> WG2)
   float* sInv;    // [2][64] 1/l by parity of the request (WG1 -> WG2)
   int tid, wg, t, m, row_base, b0, k0, b1, k1, first, last;
 };
@@ -127,7 +132,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
   c.uQ = base + OFF_Q, c.uK = base + OFF_K, c.uPlo = base + OFF_PLO, c.uBar = base + OFF_MISC;
   c.bar_qfull = c.uBar + 32, c.bar_qempty = c.uBar + 40;
   c.sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + 64);
-  c.sInv = c.sAlpha + BM;
+  c.sInv = c.sAlpha + 2 * BM;
   c.tid = threadIdx.x, c.wg = c.tid >> 7, c.t = c.tid & 127;
   c.m = a.s_q * a.h_q, c.row_base = blockIdx.x * BM;
   const int* meta = a.meta + blockIdx.y * 8;
@@ -177,7 +182,12 @@ __device__ __forceinline__ void pv_step(float (&o)[NB][64], uint64_t dp, uint64_
 // uBar + 16 + 8s (256 arrivals: both warpgroups are done with the stage). ZERO_TAIL: WG1 zeroes the
 // V rows past a request's length in its last page (the BF16 kernel's TMA copies them raw; the FP8
 // kernel's dequantising warps write zeros there themselves). W1: the O columns of WG1 (above).
-template <bool ZERO_TAIL, int W1>
+// PIPE: WG1 issues S of page t+1 before its P V of page t and runs the softmax of t+1 while that
+// P V (and WG2's) occupy the tensor cores (requests with bf16 P only; hi/lo P shares one P_lo plane
+// between pages and keeps the plain order).
+// Hand-over per page: P_hi lives in the page's own stage (RoPE slab), alpha in a buffer per page
+// parity, so only P_lo needs WG2 to be done before WG1 overwrites it (P_EMPTY, hi/lo pages only).
+template <bool ZERO_TAIL, int W1, bool PIPE>
 __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart& c) {
   static_assert(W1 == 128 || W1 == 256, "WG1 owns 128 or 256 of the 512 O columns");
   const uint32_t uQ = c.uQ, uK = c.uK, uPlo = c.uPlo, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
@@ -188,7 +198,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
   const int lane = t & 31, gq = lane >> 2, cq = lane & 3;
   const int r_loc[2] = {(t >> 5) * 16 + gq, (t >> 5) * 16 + gq + 8};  // this thread's two rows
   const float scale_log2 = a.softmax_scale * LOG2E;
-  int it = 0, qn = 0, rq = 0;
+  int it = 0, qn = 0, rq = 0, lo_pages = 0;
 
   for (int b = b0; b <= last && b < a.batch; ++b) {
     const Work w = request_work(a, b, b0, k0, b1, k1, first);
@@ -215,115 +225,186 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
       }
       const bool has_pages = w.kbeg < w.kend;
-      if (has_pages && CH == 0) mbar_wait(bar_qfull, qn & 1);
-      qn += has_pages;
+      auto stage = [&](int i) { return uK + (i & 1) * TILE; };
+      auto wait_full = [&](int i) { mbar_wait(uBar + 8 * (i & 1), (i >> 1) & 1); };
 
-      for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
-        const int s = it & 1;
-        const uint32_t uKs = uK + s * TILE, uPhi = uKs + 8 * SLAB;
-        mbar_wait(uBar + 8 * s, (it >> 1) & 1);
-        float al[2];
-        if constexpr (CH == 0) {
-          // ---- S = Q K^T: 36 k-steps of 16 over the 9 slabs
-          float sacc[32];
+      // ---- S = Q K^T of the page in stage uKs: 36 k-steps of 16 over the 9 slabs (committed, not waited)
+      auto issue_s = [&](uint32_t uKs, float (&sacc)[32]) {
 #pragma unroll
-          for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
-          fence_regs(sacc);
-          wgmma_fence();
-          const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
+        for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+        fence_regs(sacc);
+        wgmma_fence();
+        const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
 #pragma unroll
-          for (int kk = 0; kk < D_QK / 16; ++kk) {
-            const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
-            wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+        for (int kk = 0; kk < D_QK / 16; ++kk) {
+          const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
+          wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+        }
+        wgmma_commit();
+      };
+      // ---- mask, exp2-domain scale, running max and alpha of page blk; l rescaled
+      auto softmax = [&](int blk, float (&sacc)[32], float (&al)[2], float (&muse)[2]) {
+        const int key0 = blk * PAGE + 2 * cq;
+        float mx[2] = {NEG_INF, NEG_INF};
+        // only pages that reach past some row's last visible key need the mask (the last page of a
+        // request, and the causal tail): elsewhere scale alone
+        if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            sacc[i] *= scale_log2;
+            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
           }
-          wgmma_commit();
-          wgmma_wait0();
-          fence_regs(sacc);
-          if (blk == w.kend - 1) mbar_arrive(bar_qempty);
-
-          // ---- mask, exp2-domain scale, row max over the 4 lanes of a row
-          const int key0 = blk * PAGE + 2 * cq;
-          float mx[2] = {NEG_INF, NEG_INF};
-          // only pages that reach past some row's last visible key need the mask (the last page of a
-          // request, and the causal tail): elsewhere scale alone
-          if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-              sacc[i] *= scale_log2;
-              mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
-            }
-          } else {
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
-                sacc[i * 4 + e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-              }
-          }
-          float muse[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            const float mn = fmaxf(mrow[h], mx[h]);
-            muse[h] = mn == NEG_INF ? 0.f : mn;
-            al[h] = exp2_ftz(mrow[h] - muse[h]);
-            mrow[h] = mn;
-            lrow[h] *= al[h];
-          }
-          // rows past the request's length hold arbitrary data: zero them in the V slabs
-          if (ZERO_TAIL && blk == w.nb - 1 && (w.L & (PAGE - 1))) {
-            const int valid = w.L & (PAGE - 1);
-            for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
-              const int r = (idx >> 3) & 63;
-              if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
-            }
-          }
-          if (it > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo and alpha of page it-1
-          // ---- P = exp2(S - m) as bf16 hi/lo planes in 128B-swizzled K-major slabs
+        } else {
 #pragma unroll
           for (int i = 0; i < 8; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
-              lrow[h] += p0 + p1;
-              const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-              const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
-              st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
-              if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+            for (int e = 0; e < 4; ++e) {
+              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+              sacc[i * 4 + e] = v;
+              mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
-          if (cq == 0) {
-            sAlpha[r_loc[0]] = al[0];
-            sAlpha[r_loc[1]] = al[1];
-          }
-          fence_async_smem();
-          bar_sync(BAR_P_FULL, 256);
-        } else {
-          bar_sync(BAR_P_FULL, 256);
-          al[0] = sAlpha[r_loc[0]];
-          al[1] = sAlpha[r_loc[1]];
         }
-        // the running max rarely moves on long requests: skip the rescale when it did not for any
-        // row of the warp (alpha == 1 exactly)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float mn = fmaxf(mrow[h], mx[h]);
+          muse[h] = mn == NEG_INF ? 0.f : mn;
+          al[h] = exp2_ftz(mrow[h] - muse[h]);
+          mrow[h] = mn;
+          lrow[h] *= al[h];
+        }
+      };
+      // rows past the request's length hold arbitrary data: zero them in the V slabs of its last page
+      auto zero_tail = [&](int blk, uint32_t uKs) {
+        if (ZERO_TAIL && blk == w.nb - 1 && (w.L & (PAGE - 1))) {
+          const int valid = w.L & (PAGE - 1);
+          for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
+            const int r = (idx >> 3) & 63;
+            if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
+          }
+        }
+      };
+      // ---- P = exp2(S - m) as bf16 hi (and lo) planes in 128B-swizzled K-major slabs; l accumulated
+      auto write_p = [&](uint32_t uPhi, const float (&sacc)[32], const float (&muse)[2]) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
+            lrow[h] += p0 + p1;
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+            const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
+            st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+            if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+          }
+      };
+      // alpha of page i to WG2, then P of page i is published (WG1 arrives on P_FULL, WG2 syncs)
+      auto publish = [&](int i, const float (&al)[2]) {
+        if (cq == 0) {
+          sAlpha[(i & 1) * BM + r_loc[0]] = al[0];
+          sAlpha[(i & 1) * BM + r_loc[1]] = al[1];
+        }
+        fence_async_smem();
+        bar_arrive(bar_p_full(i), 256);
+        bar_sync(BAR_WG1_ONLY, 128);
+      };
+      // the running max rarely moves on long requests: skip the rescale when it did not for any
+      // row of the warp (alpha == 1 exactly)
+      auto rescale = [&](const float (&al)[2]) {
         if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) rescale_rows(o, al[0], al[1]);
-        // ---- O[:, COL0 ..] += (P_hi + P_lo) V, V from slab COL0/64 on as MN-major B
+      };
+      // ---- O[:, COL0 ..] += (P_hi + P_lo) V of the page in stage uKs, V from slab COL0/64 on as
+      // MN-major B (committed, not waited)
+      auto issue_pv = [&](uint32_t uKs) {
 #pragma unroll
         for (int j = 0; j < NB; ++j) fence_regs(o[j]);
         wgmma_fence();
-        const uint64_t dv = desc_mnmajor(uKs + (COL0 / 64) * SLAB), dhi = desc_kmajor(uPhi), dlo = desc_kmajor(uPlo);
+        const uint64_t dv = desc_mnmajor(uKs + (COL0 / 64) * SLAB), dhi = desc_kmajor(uKs + 8 * SLAB),
+                       dlo = desc_kmajor(uPlo);
 #pragma unroll
         for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
           pv_step(o, dhi + ks * 2, dv + ks * 128);
           if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
         }
         wgmma_commit();
+      };
+      auto pv_done = [&]() {
         wgmma_wait0();
 #pragma unroll
         for (int j = 0; j < NB; ++j) fence_regs(o[j]);
-        if (CH == 1) bar_arrive(BAR_P_EMPTY, 256);
-        mbar_arrive(uBar + 16 + 8 * s);
+      };
+
+      if (has_pages && CH == 0) mbar_wait(bar_qfull, qn & 1);
+      qn += has_pages;
+      if constexpr (CH == 1) {
+        for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+          wait_full(it);
+          bar_sync(bar_p_full(it), 256);
+          const float al[2] = {sAlpha[(it & 1) * BM + r_loc[0]], sAlpha[(it & 1) * BM + r_loc[1]]};
+          rescale(al);
+          issue_pv(stage(it));
+          pv_done();
+          if (LO) bar_arrive(BAR_P_EMPTY, 256);
+          // the last page's stage is released after the epilogue has read 1/l (below): that keeps WG1,
+          // which never waits for WG2, less than two requests ahead (EPI barriers and 1/l by parity)
+          if (blk + 1 < w.kend) mbar_arrive(uBar + 16 + 8 * (it & 1));
+        }
+      } else if constexpr (!PIPE || LO) {
+        for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+          const uint32_t uKs = stage(it);
+          wait_full(it);
+          float sacc[32], al[2], muse[2];
+          issue_s(uKs, sacc);
+          wgmma_wait0();
+          fence_regs(sacc);
+          if (blk == w.kend - 1) mbar_arrive(bar_qempty);
+          softmax(blk, sacc, al, muse);
+          zero_tail(blk, uKs);
+          if (LO && lo_pages > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo of the last hi/lo page
+          lo_pages += LO;
+          write_p(uKs + 8 * SLAB, sacc, muse);
+          publish(it, al);
+          rescale(al);
+          issue_pv(uKs);
+          pv_done();
+          mbar_arrive(uBar + 16 + 8 * (it & 1));
+        }
+      } else if (has_pages) {
+        // software-pipelined WG1 (bf16 P): the prologue publishes P of the first page, then each
+        // step issues S of page blk+1 and P V of page blk, finishes the softmax of blk+1 while the
+        // P V runs, and publishes P of blk+1 once the P V is done
+        float sacc[32], al[2], muse[2];
+        wait_full(it);
+        issue_s(stage(it), sacc);
+        wgmma_wait0();
+        fence_regs(sacc);
+        if (w.kbeg == w.kend - 1) mbar_arrive(bar_qempty);
+        softmax(w.kbeg, sacc, al, muse);
+        zero_tail(w.kbeg, stage(it));
+        write_p(stage(it) + 8 * SLAB, sacc, muse);
+        publish(it, al);
+        // every step has a next page (no run-time condition between the wgmma issues and the waits:
+        // ptxas would serialise the chains, C7514); the last page's P V follows the loop
+        for (int blk = w.kbeg; blk + 1 < w.kend; ++blk, ++it) {
+          wait_full(it + 1);
+          issue_s(stage(it + 1), sacc);  // committed before the P V: wait_group 1 retires it first
+          issue_pv(stage(it));
+          wgmma_wait1();
+          fence_regs(sacc);
+          if (blk + 1 == w.kend - 1) mbar_arrive(bar_qempty);
+          softmax(blk + 1, sacc, al, muse);
+          zero_tail(blk + 1, stage(it + 1));
+          write_p(stage(it + 1) + 8 * SLAB, sacc, muse);
+          pv_done();
+          mbar_arrive(uBar + 16 + 8 * (it & 1));
+          rescale(al);
+          publish(it + 1, al);
+        }
+        issue_pv(stage(it));
+        pv_done();
+        mbar_arrive(uBar + 16 + 8 * (it & 1));
+        ++it;
       }
 
       // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory
@@ -336,11 +417,12 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           inv[h] = lrow[h] > 0.f ? 1.f / lrow[h] : 0.f;
           if (has_pages && cq == 0) sInv[(rq & 1) * BM + r_loc[h]] = inv[h];
         }
-        if (has_pages) bar_arrive(BAR_EPI, 256);
+        if (has_pages) bar_arrive(bar_epi(rq), 256);
       } else if (has_pages) {
-        bar_sync(BAR_EPI, 256);
+        bar_sync(bar_epi(rq), 256);
         inv[0] = sInv[(rq & 1) * BM + r_loc[0]];
         inv[1] = sInv[(rq & 1) * BM + r_loc[1]];
+        mbar_arrive(uBar + 16 + 8 * ((it - 1) & 1));
       }
       rq += has_pages;
 #pragma unroll
@@ -385,8 +467,8 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       else body(std::false_type{}, WG2{});
     }
   }
-  // balance the barrier: WG2 arrived on P_EMPTY after every page, WG1 synced before all but the first
-  if (c.wg == 1 && it > 0) bar_sync(BAR_P_EMPTY, 256);
+  // balance the barrier: WG2 arrived on P_EMPTY after every hi/lo page, WG1 synced before all but the first
+  if (c.wg == 1 && lo_pages > 0) bar_sync(BAR_P_EMPTY, 256);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {

@@ -42,13 +42,13 @@ def run(reqs, seed, mut=None):
     empty_count = 128 if mut == "empty_count_128" else 256
     mb = {**{f"full{i}": MBar(full_count) for i in range(2)}, **{f"empty{i}": MBar(empty_count) for i in range(2)},
           "qfull": MBar(1), "qempty": MBar(128)}
-    nb = {k: NBar() for k in ("PFULL", "PEMPTY", "EPI")}
+    nb = {k: NBar() for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
     buf, dma = {}, []
     nope = [f"N{s}.{name}" for s in range(2) for name, _ in SHARES]
 
     def t0():  # producer thread 0: TMA of Q and RoPE, and its share of the dequantised NoPE
         it = qn = 0
-        for r, npg in enumerate(reqs):
+        for r, (npg, _) in enumerate(reqs):
             if npg == 0: continue
             yield ("wait", "qempty", (qn & 1) ^ 1)
             yield ("expect", "qfull", 1); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
@@ -64,7 +64,7 @@ def run(reqs, seed, mut=None):
 
     def dq(name, weight):  # dequantising threads (one group of `weight` threads)
         it = 0
-        for r, npg in enumerate(reqs):
+        for r, (npg, _) in enumerate(reqs):
             for _ in range(npg):
                 s = it & 1
                 if not (mut == "dequant_skips_empty_wait" and name == "D2"):
@@ -75,15 +75,15 @@ def run(reqs, seed, mut=None):
                     yield ("write", f"N{s}.{name}", ("K", it)); yield ("arrive", f"full{s}", weight)
                 it += 1
 
-    def page_reads(s, it, what):
+    def page_reads(s, it, what, lo=True):
         out = [(f"N{s}.{n}", ("K", it)) for n, _ in SHARES]
         if what == "S": out.append((f"H{s}", ("K", it)))
-        else: out += [(f"H{s}", ("P", it)), ("Plo", ("P", it))]
+        else: out += [(f"H{s}", ("P", it))] + ([("Plo", ("P", it))] if lo else [])
         return out
 
-    def wg1():
-        it = qn = rq = 0
-        for r, npg in enumerate(reqs):
+    def wg1():  # the shared consumers (wgmma_common.cuh, plain order: the FP8 kernel runs PIPE=false)
+        it = qn = rq = lo_pages = 0
+        for r, (npg, lo) in enumerate(reqs):
             if npg: yield ("wait", "qfull", qn & 1); qn += 1
             for j in range(npg):
                 s = it & 1
@@ -92,35 +92,40 @@ def run(reqs, seed, mut=None):
                 for b, v in rd: yield ("rbeg", b, v)
                 for b, v in rd: yield ("rend", b, v)
                 if j == npg - 1: yield ("arrive", "qempty", 128)
-                if it > 0: yield ("nsync", "PEMPTY")
-                yield ("write", "Plo", ("P", it)); yield ("write", f"H{s}", ("P", it)); yield ("write", "A", ("A", it))
-                yield ("nsync", "PFULL")
-                for b, v in page_reads(s, it, "PV"): yield ("rbeg", b, v)
-                for b, v in page_reads(s, it, "PV"): yield ("rend", b, v)
+                if lo and lo_pages > 0: yield ("nsync", "PEMPTY")
+                lo_pages += lo
+                if lo: yield ("write", "Plo", ("P", it))
+                yield ("write", f"H{s}", ("P", it)); yield ("write", f"A{s}", ("A", it))
+                yield ("narrive", f"PFULL{s}")
+                for b, v in page_reads(s, it, "PV", lo): yield ("rbeg", b, v)
+                for b, v in page_reads(s, it, "PV", lo): yield ("rend", b, v)
                 yield ("arrive", f"empty{s}", 128); it += 1
             if npg:
-                yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", "EPI")
+                yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", f"EPI{rq & 1}")
             rq += npg > 0
-        if it > 0: yield ("nsync", "PEMPTY")
+        if lo_pages > 0: yield ("nsync", "PEMPTY")
 
     def wg2():
         it = rq = 0
-        for r, npg in enumerate(reqs):
+        for r, (npg, lo) in enumerate(reqs):
             for j in range(npg):
                 s = it & 1
                 yield ("wait", f"full{s}", (it >> 1) & 1)
-                yield ("nsync", "PFULL")
-                yield ("rbeg", "A", ("A", it)); yield ("rend", "A", ("A", it))
-                for b, v in page_reads(s, it, "PV"): yield ("rbeg", b, v)
-                for b, v in page_reads(s, it, "PV"): yield ("rend", b, v)
-                yield ("narrive", "PEMPTY")
-                yield ("arrive", f"empty{s}", 128); it += 1
-            if npg:
-                yield ("nsync", "EPI"); yield ("rbeg", f"I{rq & 1}", ("I", r)); yield ("rend", f"I{rq & 1}", ("I", r))
+                yield ("nsync", f"PFULL{s}")
+                yield ("rbeg", f"A{s}", ("A", it)); yield ("rend", f"A{s}", ("A", it))
+                for b, v in page_reads(s, it, "PV", lo): yield ("rbeg", b, v)
+                for b, v in page_reads(s, it, "PV", lo): yield ("rend", b, v)
+                if lo: yield ("narrive", "PEMPTY")
+                if j < npg - 1: yield ("arrive", f"empty{s}", 128)
+                it += 1
+            if npg:  # 1/l first, then the last page's stage is released
+                yield ("nsync", f"EPI{rq & 1}"); yield ("rbeg", f"I{rq & 1}", ("I", r)); yield ("rend", f"I{rq & 1}", ("I", r))
+                yield ("arrive", f"empty{(it - 1) & 1}", 128)
             rq += npg > 0
 
     actors = {"T0": t0(), "W1": wg1(), "W2": wg2(), **{n: dq(n, w) for n, w in SHARES[1:]}}
     pending = {k: next(g, None) for k, g in actors.items()}
+    speed = {k: rnd.choice([1.0, 1.0, 0.02]) for k in list(actors) + ["DMA"]}  # slow actors: deep races
     waiting_n = {}
     steps = 0
     while True:
@@ -136,7 +141,7 @@ def run(reqs, seed, mut=None):
         if not choices:
             if all(op is None for op in pending.values()): return
             raise AssertionError(f"deadlock: {pending}")
-        a = rnd.choice(choices)
+        a = rnd.choices(choices, [speed.get(c, 1.0) for c in choices])[0]
         if a == "DMA":
             b, v, bar = dma.pop(rnd.randrange(len(dma)))
             buf[b] = v; mb[bar].tx -= 1; mb[bar].maybe(); continue
@@ -161,7 +166,7 @@ def check(trials, mut=None):
     n = 0
     for trial in range(trials):
         rng = random.Random(trial)
-        reqs = [rng.choice([0, 0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 6))]
+        reqs = [(rng.choice([0, 0, 1, 1, 2, 3, 5]), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
         for sch in range(5):
             run(reqs, trial * 100 + sch, mut); n += 1
     return n

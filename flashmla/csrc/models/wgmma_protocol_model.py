@@ -6,9 +6,12 @@ one actor), TMA copies that land at random later times. Over random request mixe
 and random interleavings it checks: no deadlock, every read sees the version it expects from its
 start to its end (read-after-write and write-after-read races on the Q tile, the K stages, the P
 planes, the row scales and 1/l), and no named barrier gets a second arrival from the same side.
-A model, not the kernel: it proves the protocol, not the PTX. ~5 s:
+Both WG1 orders (plain, and the software-pipelined one of FLASHMLA_WGMMA_PIPE=1) and both P
+precisions (bf16 P: no P_EMPTY; hi/lo P: P_EMPTY guards the one P_lo plane). A model, not the
+kernel: it proves the protocol, not the PTX. `--mutants` breaks one order or buffer at a time and
+asserts the model catches each. ~5 s:
 
-    python flashmla/csrc/models/wgmma_protocol_model.py
+    python flashmla/csrc/models/wgmma_protocol_model.py [--trials N] [--mutants]
 """
 import random, sys
 
@@ -19,22 +22,22 @@ class MBar:
     def ready(s, parity): return (s.done & 1) != parity
 
 class NBar:  # named barrier over 2 actors (each = one warpgroup of 128 threads)
-    def __init__(s): s.arrived, s.gen = set(), 0
+    def __init__(s, name): s.arrived, s.gen, s.name = set(), 0, name
     def arrive(s, who):
-        assert who not in s.arrived, f"double arrival by {who}"
+        assert who not in s.arrived, f"double arrival by {who} on {s.name}"
         s.arrived.add(who)
         if len(s.arrived) == 2: s.arrived.clear(); s.gen += 1
 
-def run(reqs, seed):
+def run(reqs, seed, pipe, mut=None):
     rnd = random.Random(seed)
     mb = {**{f"full{i}": MBar(1) for i in range(2)}, **{f"empty{i}": MBar(2) for i in range(2)},
           "qfull": MBar(1), "qempty": MBar(1)}
-    nb = {k: NBar() for k in ("PFULL", "PEMPTY", "EPI")}
+    nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
     buf = {}
     dma = []
     def producer():
         it = qn = 0
-        for r, npg in enumerate(reqs):
+        for r, (npg, lo) in enumerate(reqs):
             if npg == 0: continue
             yield ("wait", "qempty", (qn & 1) ^ 1)
             yield ("expect", "qfull"); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
@@ -45,42 +48,83 @@ def run(reqs, seed):
                 yield ("tma", f"K{s}", ("K", it), f"full{s}"); yield ("tma", f"H{s}", ("K", it), f"full{s}")
                 it += 1
     def wg1():
-        it = qn = rq = 0
-        for r, npg in enumerate(reqs):
+        it = qn = rq = lo_pages = 0
+        def s_reads(it, r):  # S of page it: Q, the K slabs and the RoPE slab H of its stage
+            s = it & 1
+            for k in ("rbeg", "rend"):
+                yield (k, "Q", ("Q", r)); yield (k, f"K{s}", ("K", it)); yield (k, f"H{s}", ("K", it))
+        def p_writes(it, lo):  # P_hi into the stage's RoPE slab, P_lo (hi/lo pages), alpha by parity
+            yield ("write", f"H{it & 1}", ("P", it))
+            if lo: yield ("write", "Plo", ("P", it))
+            yield ("write", "A0" if mut == "alpha_one_buffer" else f"A{it & 1}", ("A", it))
+        def pv_reads(it, lo):
+            s = it & 1
+            bufs = [(f"K{s}", ("K", it)), (f"H{s}", ("P", it))] + ([("Plo", ("P", it))] if lo else [])
+            for k in ("rbeg", "rend"):
+                for b, v in bufs: yield (k, b, v)
+        for r, (npg, lo) in enumerate(reqs):
             if npg: yield ("wait", "qfull", qn & 1); qn += 1
-            for j in range(npg):
-                s = it & 1
-                yield ("wait", f"full{s}", (it >> 1) & 1)
-                yield ("rbeg", "Q", ("Q", r)); yield ("rbeg", f"K{s}", ("K", it)); yield ("rbeg", f"H{s}", ("K", it))
-                yield ("rend", "Q", ("Q", r)); yield ("rend", f"K{s}", ("K", it)); yield ("rend", f"H{s}", ("K", it))
-                if j == npg - 1: yield ("arrive", "qempty")
-                if it > 0: yield ("nsync", "PEMPTY")
-                yield ("write", "Plo", ("P", it)); yield ("write", f"H{s}", ("P", it)); yield ("write", "A", ("A", it))
-                yield ("nsync", "PFULL")
-                for b, v in ((f"K{s}", ("K", it)), (f"H{s}", ("P", it)), ("Plo", ("P", it))): yield ("rbeg", b, v)
-                for b, v in ((f"K{s}", ("K", it)), (f"H{s}", ("P", it)), ("Plo", ("P", it))): yield ("rend", b, v)
-                yield ("arrive", f"empty{s}"); it += 1
+            if pipe and not lo and npg:
+                # prologue: S, softmax and P of the first page
+                yield ("wait", f"full{it & 1}", (it >> 1) & 1)
+                yield from s_reads(it, r)
+                if npg == 1: yield ("arrive", "qempty")
+                yield from p_writes(it, lo); yield ("narrive", f"PFULL{it & 1}")
+                for j in range(npg - 1):  # S of it+1 and P V of it in flight together
+                    yield ("wait", f"full{(it + 1) & 1}", ((it + 1) >> 1) & 1)
+                    yield ("rbeg", "Q", ("Q", r)); yield ("rbeg", f"K{(it + 1) & 1}", ("K", it + 1))
+                    yield ("rbeg", f"H{(it + 1) & 1}", ("K", it + 1))
+                    pv = list(pv_reads(it, lo))
+                    yield from pv[:len(pv) // 2]  # P V of it begins
+                    if mut == "p_before_s_retired": yield ("write", f"H{(it + 1) & 1}", ("P", it + 1))
+                    yield ("rend", "Q", ("Q", r)); yield ("rend", f"K{(it + 1) & 1}", ("K", it + 1))
+                    yield ("rend", f"H{(it + 1) & 1}", ("K", it + 1))  # wait_group 1: S of it+1 done
+                    if j == npg - 2: yield ("arrive", "qempty")
+                    ph = f"H{it & 1}" if mut == "p_into_current_stage" else f"H{(it + 1) & 1}"
+                    if mut != "p_before_s_retired": yield ("write", ph, ("P", it + 1))  # while P V of it runs
+                    yield from pv[len(pv) // 2:]  # wait_group 0
+                    yield ("arrive", f"empty{it & 1}")
+                    yield ("write", f"A{(it + 1) & 1}", ("A", it + 1)); yield ("narrive", f"PFULL{(it + 1) & 1}")
+                    it += 1
+                yield from pv_reads(it, lo); yield ("arrive", f"empty{it & 1}"); it += 1
+            else:
+                for j in range(npg):
+                    s = it & 1
+                    yield ("wait", f"full{s}", (it >> 1) & 1)
+                    yield from s_reads(it, r)
+                    if j == npg - 1: yield ("arrive", "qempty")
+                    if lo and lo_pages > 0 and mut != "no_p_empty": yield ("nsync", "PEMPTY")
+                    lo_pages += lo
+                    yield from p_writes(it, lo); yield ("narrive", f"PFULL{s}")
+                    yield from pv_reads(it, lo)
+                    yield ("arrive", f"empty{s}"); it += 1
             if npg:
-                yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", "EPI")
+                yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", f"EPI{rq & 1}")
             rq += npg > 0
-        if it > 0: yield ("nsync", "PEMPTY")
+        if lo_pages > 0 and mut != "no_p_empty": yield ("nsync", "PEMPTY")
     def wg2():
         it = rq = 0
-        for r, npg in enumerate(reqs):
+        for r, (npg, lo) in enumerate(reqs):
             for j in range(npg):
                 s = it & 1
                 yield ("wait", f"full{s}", (it >> 1) & 1)
-                yield ("nsync", "PFULL")
-                yield ("rbeg", "A", ("A", it)); yield ("rend", "A", ("A", it))
-                for b, v in ((f"K{s}", ("K", it)), (f"H{s}", ("P", it)), ("Plo", ("P", it))): yield ("rbeg", b, v)
-                for b, v in ((f"K{s}", ("K", it)), (f"H{s}", ("P", it)), ("Plo", ("P", it))): yield ("rend", b, v)
-                yield ("narrive", "PEMPTY")
-                yield ("arrive", f"empty{s}"); it += 1
-            if npg:
-                yield ("nsync", "EPI"); yield ("rbeg", f"I{rq & 1}", ("I", r)); yield ("rend", f"I{rq & 1}", ("I", r))
+                yield ("nsync", f"PFULL{s}")
+                yield ("rbeg", f"A{s}", ("A", it)); yield ("rend", f"A{s}", ("A", it))
+                bufs = [(f"K{s}", ("K", it)), (f"H{s}", ("P", it))] + ([("Plo", ("P", it))] if lo else [])
+                for b, v in bufs: yield ("rbeg", b, v)
+                for b, v in bufs: yield ("rend", b, v)
+                if lo and mut != "no_p_empty": yield ("narrive", "PEMPTY")
+                if j < npg - 1 or mut == "epi_release_early": yield ("arrive", f"empty{s}")
+                it += 1
+            if npg:  # 1/l first, then the last page's stage is released (keeps WG1 < 2 requests ahead)
+                yield ("nsync", f"EPI{rq & 1}"); yield ("rbeg", f"I{rq & 1}", ("I", r)); yield ("rend", f"I{rq & 1}", ("I", r))
+                if mut != "epi_release_early": yield ("arrive", f"empty{(it - 1) & 1}")
             rq += npg > 0
     actors = {"P": producer(), "W1": wg1(), "W2": wg2()}
     pending = {k: next(g, None) for k, g in actors.items()}
+    # per-schedule speeds: a slow actor (1/50) lets the others run far ahead, which uniform random
+    # interleavings almost never do (deep races such as WG1 running two requests ahead of WG2)
+    speed = {k: rnd.choice([1.0, 1.0, 0.02]) for k in list(actors) + ["DMA"]}
     waiting_n = {}  # actor -> (barrier, generation) while blocked in nsync
     steps = 0
     while True:
@@ -98,7 +142,7 @@ def run(reqs, seed):
         if not choices:
             if all(op is None for op in pending.values()): return
             raise AssertionError(f"deadlock: {pending} waiting_n={waiting_n}")
-        a = rnd.choice(choices)
+        a = rnd.choices(choices, [speed.get(c, 1.0) for c in choices])[0]
         if a == "DMA":
             i = rnd.randrange(len(dma)); b, v, bar = dma.pop(i)
             buf[b] = v; mb[bar].tx -= 1; mb[bar].maybe(); continue
@@ -117,10 +161,29 @@ def run(reqs, seed):
         elif k in ("rbeg", "rend"): assert buf.get(op[1]) == op[2], f"{a} {k} {op[1]}: saw {buf.get(op[1])}, expected {op[2]}"
         pending[a] = next(actors[a], None)
 
-n = 0
-for trial in range(3000):
-    rng = random.Random(trial)
-    reqs = [rng.choice([0, 0, 1, 1, 2, 3, 5]) for _ in range(rng.randint(1, 6))]
-    for sch in range(5):
-        run(reqs, trial * 100 + sch); n += 1
-print("ok:", n, "random schedules, no deadlock, no race")
+def check(trials, mut=None):
+    n = 0
+    for trial in range(trials):
+        rng = random.Random(trial)
+        reqs = [(rng.choice([0, 0, 1, 1, 2, 3, 5]), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
+        for pipe in (False, True):
+            for sch in range(4):
+                run(reqs, trial * 100 + sch, pipe, mut); n += 1
+    return n
+
+
+MUTANTS = ("alpha_one_buffer", "p_before_s_retired", "p_into_current_stage", "no_p_empty", "epi_release_early")
+
+if __name__ == "__main__":
+    trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 2000
+    n = check(trials)
+    print("ok:", n, "random schedules (plain and pipelined WG1, bf16 and hi/lo P), no deadlock, no race")
+    if "--mutants" in sys.argv:
+        for mut in MUTANTS:
+            try:
+                check(trials, mut)
+            except AssertionError as e:
+                print(f"  mutant {mut}: caught ({str(e)[:70]})")
+                continue
+            raise SystemExit(f"mutant {mut} NOT caught: the model is too weak")
+        print("all", len(MUTANTS), "mutants caught")
