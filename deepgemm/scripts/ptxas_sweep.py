@@ -29,6 +29,11 @@ def configs():
             cases, ("staged", "direct"), ("0", "1"), ("fill", "pow2"), ("0", "1", "2"), ("0", "1"), ("0", "1"),
             (132, 77), (torch.bfloat16, torch.float32)):
         out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, ks, bn, sw, pipe, mc))
+    # DEEPGEMM_BN256=1 (FP8 128 x 256 tiles at M > 128), grouped contiguous included
+    wide = cases + [("contiguous", n, k, 32768, 1) for n, k in [(4096, 7168), (7168, 2048)]]
+    for (kind, n, k, m, g), epi, sms, dt in itertools.product(wide, ("staged", "direct"), (132, 77),
+                                                               (torch.bfloat16, torch.float32)):
+        out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, "1", bn256_env="1"))
     return sorted(out, key=lambda c: tuple(c.__dict__.values()))
 
 
@@ -37,9 +42,9 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    only = os.environ.get("SWEEP_ONLY")  # e.g. "pipe": just the pipelined kernels
+    only = os.environ.get("SWEEP_ONLY")  # e.g. "pipe": just the pipelined kernels; "wide": the 128 x 256 ones
     for cfg in configs():
-        if only and not getattr(cfg, only):
+        if only and not (cfg.bn > 128 if only == "wide" else getattr(cfg, only)):
             continue
         _, rec = compiler.build("deepgemm_kernel", K.kernel_source(cfg), backend="nvcc")
         rows.append(dict(cfg=cfg.__dict__, threads=cfg.threads, serialised="C75" in rec.ptxas,
@@ -51,6 +56,7 @@ def main():
     for r in rows:
         c = r["cfg"]
         name = "K split" if c["ksplit"] else f"BM {c['bm']}" + (" pipelined" if c["pipe"] else "")
+        name += " BN 256" if c["bn"] > 128 else ""
         name += f" multicast {c['mcast']}" if c["mcast"] else ""
         fam[f"swap-AB {c['swap']}" if c["swap"] else name].append(r)
     print(f"{len(rows)} kernels (nvcc, sm_90a)")
