@@ -44,13 +44,16 @@ def test_reads_go_short_circuit_and_match(craq):
     assert sc.read_chunk(1, cid, 0, MiB, into=buf) == MiB and buf == data
     for _ in range(5):  # aligned partial ranges: per-4 KiB-block CRCs
         off = rng.randrange(0, 200) * 4096
-        n = rng.randrange(1, 50) * 4096
+        n = rng.randrange(16, 50) * 4096
         assert sc.read_chunk(1, cid, off, n) == data[off:off + n]
     assert sc.sc.stats["reads"] == 6 and sc.sc.stats["fallbacks"] == 0
     assert sum(n.sc.stats["reads"] for n in nodes) == 6
     # an unaligned range is refused short-circuit and read over TCP
-    assert sc.read_chunk(1, cid, 100, 5000) == data[100:5100]
+    assert sc.read_chunk(1, cid, 100, 100_000) == data[100:100_100]
     assert sc.sc.stats["fallbacks"] == 1
+    # small reads go over TCP from the start (a descriptor costs more than the bytes)
+    assert sc.read_chunk(1, cid, 8192, 4096) == data[8192:12288]
+    assert sc.sc.stats["reads"] == 6 and sc.sc.stats["requests"] == 7
     # a chunk with nothing committed reads as empty, without a descriptor
     assert sc.read_chunk(1, chunk_id(60, 1), 0, MiB) == b""
     # opt-out: the same reads over TCP only
@@ -150,7 +153,7 @@ def test_concurrent_writer_reads_never_torn_nor_stale(craq):
 def test_stale_chain_version_and_not_serving_get_no_descriptor(craq):
     mg, nodes, sc, rc = craq
     cid = chunk_id(63, 0)
-    sc.write_chunk(1, cid, 0, b"q" * 8192)
+    sc.write_chunk(1, cid, 0, b"q" * 131072)
     cl = shortcircuit.Client(SECRET)
     try:
         for n in nodes:
@@ -168,7 +171,7 @@ def test_stale_chain_version_and_not_serving_get_no_descriptor(craq):
         assert sc.routing.chain(1)["ver"] > ver0
         before = sum(n.sc.stats["reads"] for n in nodes[1:])
         for _ in range(6):
-            assert sc.read_chunk(1, cid, 0, 8192) == b"q" * 8192
+            assert sc.read_chunk(1, cid, 0, 131072) == b"q" * 131072
         assert sum(n.sc.stats["reads"] for n in nodes[1:]) == before + 6
         # a reader still on the old chain version is refused, without a descriptor
         with pytest.raises(rpc.RpcError) as ei:

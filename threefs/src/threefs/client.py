@@ -413,13 +413,14 @@ class File(io.RawIOBase):
     def _top_up(self, n: int):
         """Keep the readahead window filled with blocks of n bytes. Over TCP: `readahead`
         blocks, one request each (on random replicas: several serve at once). Short-circuit:
-        refilled when half-empty, up to 2 x `readahead` blocks in one request per node."""
+        a window of 4 x `readahead` blocks, refilled when half-empty with one request per node
+        (a descriptor per block: no bytes move until they are read)."""
         ra, sc = self.client.readahead, self.client.storage.sc is not None
-        if len(self._ra) >= ra + sc:
+        if len(self._ra) >= (2 * ra + 1 if sc else ra):
             return
         nxt = self._ra[-1][0] + self._ra[-1][1] if self._ra else self.pos
         want = []
-        for _ in range((2 * ra if sc else ra) - len(self._ra)):
+        for _ in range((4 * ra if sc else ra) - len(self._ra)):
             k = min(n, self.size - nxt)
             if k < (64 << 10):
                 break

@@ -245,6 +245,18 @@ class Client:
                 return lst.pop()
         return self._connect(addr)
 
+    def preconnect(self, addr: str, n: int) -> int:
+        """Open connections to addr until n are pooled; raises Fallback when it has no
+        short-circuit socket here. Returns how many were opened."""
+        opened = 0
+        while not self._stop.is_set():
+            with self._lock:
+                if len(self._pool.get(addr, [])) >= min(n, 8):
+                    break
+            self._put(addr, self._connect(addr))
+            opened += 1
+        return opened
+
     def _put(self, addr: str, c: _Conn):
         with self._lock:
             lst = self._pool.setdefault(addr, [])

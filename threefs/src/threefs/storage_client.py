@@ -9,6 +9,9 @@ import time
 from . import rpc, shortcircuit
 from .routing import Routing
 
+# reads shorter than this go over TCP even from a local replica: for small reads the bytes
+# copied are few, and passing and closing a descriptor costs more than sending them
+SC_MIN_BYTES = 64 << 10
 RETRY_CODES = {"CHAIN_VERSION", "NOT_HEAD", "NOT_SERVING", "RETRY", "NOT_COMMITTED", "NEED_FULL",
                "NOT_SYNCING", "UNAVAILABLE", "INTERNAL"}
 
@@ -67,6 +70,12 @@ class StorageClient:
         addrs = sorted(n["addr"] for n in self.routing.raw["nodes"].values()
                        if n.get("type") == "storage" and n.get("alive"))
         opened = 0
+        for a in addrs:  # short-circuit first: on this host, those carry the reads
+            if self.sc is not None and not self._stop.is_set():
+                try:
+                    opened += self.sc.preconnect(a, min(per_node, 2))
+                except (shortcircuit.Fallback, OSError, ConnectionError):
+                    pass  # not on this host (remembered), or down
         for a in addrs:
             if self._stop.is_set():  # the client is closing
                 break
@@ -169,22 +178,25 @@ class StorageClient:
     def _sc_ok(self, addr) -> bool:
         return self.sc is not None and addr is not None and self.sc.local(addr)
 
-    def _order(self, serving: list) -> list:
-        """Replicas to try for a read: those reachable short-circuit first, then the others,
-        random within each group, the tail last in its group (it never refuses: NOT_COMMITTED
-        comes only from the others)."""
+    def _order(self, serving: list, sc: bool = True) -> list:
+        """Replicas to try for a read: with sc, those reachable short-circuit first, then the
+        others; random within each group, the tail last in its group (it never refuses:
+        NOT_COMMITTED comes only from the others)."""
         order = serving[:]
         random.shuffle(order)
         tail = serving[-1]
+        if not sc or self.sc is None:
+            return [t for t in order if t is not tail] + [tail]
         return sorted(order, key=lambda t: (not self._sc_ok(self.routing.addr_of(t["id"])),
                                             t is tail))
 
     def _read_replica(self, addr: str, args: dict, into, sc_pending=None):
-        """Bytes from one replica: short-circuit when it is local, else (or when it refuses
-        that) over TCP with sendfile; bytes that fail their CRC32C are read again over the
-        verifying TCP path (the replica repairs its copy). Returns the count (into) or bytes."""
+        """Bytes from one replica: short-circuit when it is local (and the read not small),
+        else (or when it refuses that) over TCP with sendfile; bytes that fail their CRC32C are
+        read again over the verifying TCP path (the replica repairs its copy). Returns the
+        count (into) or bytes."""
         try:
-            if sc_pending is not None or self._sc_ok(addr):
+            if sc_pending is not None or (args["length"] >= SC_MIN_BYTES and self._sc_ok(addr)):
                 try:
                     p = sc_pending or self.sc.start(addr, args)
                     n, d = p.finish(into)
@@ -210,7 +222,7 @@ class StorageClient:
             if not serving:
                 raise rpc.RpcError("UNAVAILABLE", f"chain {chain_id} has no serving target")
             last = None
-            for t in self._order(serving):
+            for t in self._order(serving, length >= SC_MIN_BYTES):
                 addr = self.routing.addr_of(t["id"])
                 if addr is None:
                     continue
