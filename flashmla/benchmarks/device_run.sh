@@ -26,19 +26,17 @@ t0=$(date +%s)
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 if [ "${2:-}" = ab ]; then
-  # A/B mode (bash device_run.sh OUT ab): launcher settings of the BF16 wgmma kernel side by side
-  # (FLASHMLA_WGMMA_PIPE, FLASHMLA_WGMMA_SPLIT) after a smoke test of the pipelined WG1 and the GPU tests
+  # A/B mode (bash device_run.sh OUT ab): the BF16 wgmma kernel's launcher settings side by side
+  # (FLASHMLA_WGMMA_SPLIT, FLASHMLA_L2_PREFETCH) and the mma.sync kernel, after a smoke test and the GPU tests
   timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-    -k "test_wgmma_pipe_is_bit_identical" >"$OUT/smoke_pipe.log" 2>&1
-  rc=$?; echo "wgmma pipe smoke: rc=$rc ($(tail -1 "$OUT/smoke_pipe.log"))"; grep -E "^(FAILED|E  )" "$OUT/smoke_pipe.log" | head -8
-  V="wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_WGMMA_PIPE=0"
-  SEL=()
-  if [ $rc -eq 0 ]; then V="$V,wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_WGMMA_PIPE=1"; else SEL=(-k "not pipe"); fi
+    -k "test_wgmma_matches_default_kernel" >"$OUT/smoke.log" 2>&1
+  echo "wgmma smoke: rc=$? ($(tail -1 "$OUT/smoke.log"))"
   t0=$(date +%s)
-  timeout 150 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider ${SEL[@]+"${SEL[@]}"} >"$OUT/gpu_tests.log" 2>&1
+  timeout 150 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
   echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
   grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
-  timeout "$(left)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --kernels "$V,wgmma+FLASHMLA_WGMMA_SPLIT=256,default" \
+  V="wgmma+FLASHMLA_WGMMA_SPLIT=128,wgmma+FLASHMLA_WGMMA_SPLIT=256,wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_L2_PREFETCH=1"
+  timeout "$(left)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --kernels "$V,default" \
     --shapes "${AB_SHAPES:-64,128;4096,16384;16,32,64,128;1,2;uniform}" --json "$OUT/bench_ab.json" 2>&1 | tee "$OUT/bench_ab.log"
   exit 0
 fi

@@ -27,7 +27,6 @@ struct DecodeArgs {
   int p_bf16_min_keys;      // wgmma kernel: requests with at least this many keys round P to bf16
   int l2_prefetch_pages;    // BF16 wgmma producer: L2 prefetch distance ahead of its TMA loads (0: off)
   int wg1_cols;             // BF16 wgmma kernel: O columns of consumer WG1 (128 or 256 of 512)
-  int wgmma_pipe;           // BF16 wgmma kernel: WG1 overlaps S and softmax of page t+1 with P V of t
 };
 
 // FLASHMLA_KERNEL unset or 'auto': the wgmma kernel runs from this many query rows (s_q * h_q) per
@@ -43,7 +42,6 @@ constexpr int kFp8WgmmaMinRows = 64;
 // the 512 O columns is 0-6% faster than an even split on compute-bound shapes, equal elsewhere.
 constexpr int kWgmmaL2Prefetch = 0;
 constexpr int kWgmmaWg1Cols = 128;
-constexpr int kWgmmaPipe = 0;  // FLASHMLA_WGMMA_PIPE default (1 needs the 128-column split)
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);

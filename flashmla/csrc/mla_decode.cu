@@ -526,12 +526,6 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
   a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
   if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
-  // FLASHMLA_WGMMA_PIPE=1 (BF16 wgmma kernel): WG1 issues S of page t+1 before its P V of page t and
-  // runs the softmax while that P V is on the tensor cores (with the 128-column split only)
-  const char* pp = getenv("FLASHMLA_WGMMA_PIPE");
-  a.wgmma_pipe = pp && pp[0] ? atoi(pp) : kWgmmaPipe;
-  if (a.wgmma_pipe != 0 && a.wgmma_pipe != 1) return "FLASHMLA_WGMMA_PIPE must be 0 or 1";
-  if (a.wgmma_pipe && a.wg1_cols != 128) return "FLASHMLA_WGMMA_PIPE=1 needs FLASHMLA_WGMMA_SPLIT=128";
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;

@@ -6,12 +6,12 @@
 // scheduler part, 384 threads in three warpgroups:
 //   WG0  producer: one thread issues TMA loads (cp.async.bulk.tensor, 128B swizzle) of the Q tile
 //        (64 x 576, once per request) and of the K pages (64 tokens x 576) into a 2-stage ring,
-//        with full/empty mbarriers. setmaxnreg.dec to 40 registers.
+//        with full/empty mbarriers. setmaxnreg.dec to 24 registers.
 //   WG1  consumer 0: S = Q K^T (wgmma m64n64k16 x 36, both operands from shared memory), mask,
 //        online softmax in registers (exp2 domain), P -> shared memory as two bf16 planes
 //        hi = bf16(p), lo = bf16(p - hi), then O[:, 0:W1] += P V (wgmma m64n128k16 / n256k16).
 //   WG2  consumer 1: O[:, W1:512] += P V from the same P (its S work is done by WG1), so WG2's
-//        P V of page t overlaps WG1's S and softmax of page t+1. setmaxnreg.inc to 232 for both.
+//        P V of page t overlaps WG1's S and softmax of page t+1. setmaxnreg.inc to 240 for both.
 //        W1 = FLASHMLA_WGMMA_SPLIT (128 by default: WG1's S + softmax are the critical path, so
 //        WG2 takes 3/4 of P V, 192 accumulator registers; 256 splits P V evenly).
 // P hi/lo: bf16 P alone misses the 8e-4 absolute tolerance of the tests in 46 of 96 sweep cases
@@ -29,7 +29,7 @@
 namespace flashmla {
 namespace {
 
-template <int W1, bool PIPE>
+template <int W1>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   // -------------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  run_consumers<true, W1, PIPE>(a, c);
+  run_consumers<true, W1>(a, c);
 }
 
 }  // namespace
@@ -92,8 +92,7 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
   if (!make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
       !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m))
     return -1;
-  auto kernel = a.wgmma_pipe ? mla_decode_wgmma_kernel<128, true>
-                : a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128, false> : mla_decode_wgmma_kernel<256, false>;
+  auto kernel = a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128> : mla_decode_wgmma_kernel<256>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   dim3 grid((m + BM - 1) / BM, a.parts);

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   // -------------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
-  run_consumers<false, 256, false>(a, c);
+  run_consumers<false, 256>(a, c);
 }
 
 }  // namespace

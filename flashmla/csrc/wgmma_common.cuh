@@ -70,7 +70,6 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {  // keep accumulator accesses in place
 #pragma unroll
@@ -182,12 +181,9 @@ __device__ __forceinline__ void pv_step(float (&o)[NB][64], uint64_t dp, uint64_
 // uBar + 16 + 8s (256 arrivals: both warpgroups are done with the stage). ZERO_TAIL: WG1 zeroes the
 // V rows past a request's length in its last page (the BF16 kernel's TMA copies them raw; the FP8
 // kernel's dequantising warps write zeros there themselves). W1: the O columns of WG1 (above).
-// PIPE: WG1 issues S of page t+1 before its P V of page t and runs the softmax of t+1 while that
-// P V (and WG2's) occupy the tensor cores (requests with bf16 P only; hi/lo P shares one P_lo plane
-// between pages and keeps the plain order).
-// Hand-over per page: P_hi lives in the page's own stage (RoPE slab), alpha in a buffer per page
+// Hand-over per page (WG1 never waits for WG2): P_hi lives in the page's own stage (RoPE slab), alpha in a buffer per page
 // parity, so only P_lo needs WG2 to be done before WG1 overwrites it (P_EMPTY, hi/lo pages only).
-template <bool ZERO_TAIL, int W1, bool PIPE>
+template <bool ZERO_TAIL, int W1>
 __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart& c) {
   static_assert(W1 == 128 || W1 == 256, "WG1 owns 128 or 256 of the 512 O columns");
   const uint32_t uQ = c.uQ, uK = c.uK, uPlo = c.uPlo, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
@@ -350,7 +346,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           // which never waits for WG2, less than two requests ahead (EPI barriers and 1/l by parity)
           if (blk + 1 < w.kend) mbar_arrive(uBar + 16 + 8 * (it & 1));
         }
-      } else if constexpr (!PIPE || LO) {
+      } else {
         for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
           const uint32_t uKs = stage(it);
           wait_full(it);
@@ -370,41 +366,6 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           pv_done();
           mbar_arrive(uBar + 16 + 8 * (it & 1));
         }
-      } else if (has_pages) {
-        // software-pipelined WG1 (bf16 P): the prologue publishes P of the first page, then each
-        // step issues S of page blk+1 and P V of page blk, finishes the softmax of blk+1 while the
-        // P V runs, and publishes P of blk+1 once the P V is done
-        float sacc[32], al[2], muse[2];
-        wait_full(it);
-        issue_s(stage(it), sacc);
-        wgmma_wait0();
-        fence_regs(sacc);
-        if (w.kbeg == w.kend - 1) mbar_arrive(bar_qempty);
-        softmax(w.kbeg, sacc, al, muse);
-        zero_tail(w.kbeg, stage(it));
-        write_p(stage(it) + 8 * SLAB, sacc, muse);
-        publish(it, al);
-        // every step has a next page (no run-time condition between the wgmma issues and the waits:
-        // ptxas would serialise the chains, C7514); the last page's P V follows the loop
-        for (int blk = w.kbeg; blk + 1 < w.kend; ++blk, ++it) {
-          wait_full(it + 1);
-          issue_s(stage(it + 1), sacc);  // committed before the P V: wait_group 1 retires it first
-          issue_pv(stage(it));
-          wgmma_wait1();
-          fence_regs(sacc);
-          if (blk + 1 == w.kend - 1) mbar_arrive(bar_qempty);
-          softmax(blk + 1, sacc, al, muse);
-          zero_tail(blk + 1, stage(it + 1));
-          write_p(stage(it + 1) + 8 * SLAB, sacc, muse);
-          pv_done();
-          mbar_arrive(uBar + 16 + 8 * (it & 1));
-          rescale(al);
-          publish(it + 1, al);
-        }
-        issue_pv(stage(it));
-        pv_done();
-        mbar_arrive(uBar + 16 + 8 * (it & 1));
-        ++it;
       }
 
       // ---- epilogue: WG1 owns m, l and lse; WG2 takes 1/l through shared memory

@@ -19,18 +19,15 @@ KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 cache
 
 
 # the BF16 wgmma kernel's launcher settings each variant runs under (FP8 caches ignore them)
-WGMMA_SETTINGS = {"wgmma": ("256", "0"), "wgmma_split128": ("128", "0"), "wgmma_pipe": ("128", "1")}
+WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128"}
 
 
 @pytest.fixture(params=["default"] + list(WGMMA_SETTINGS))
 def kernel(request, monkeypatch):
     """Runs a decode test once per kernel variant (read by the launcher at every call); the BF16
-    wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup) and
-    with its software-pipelined WG1 (FLASHMLA_WGMMA_PIPE=1)."""
-    split, pipe = WGMMA_SETTINGS.get(request.param, ("256", "0"))
+    wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup)."""
     monkeypatch.setenv("FLASHMLA_KERNEL", request.param.split("_")[0])
-    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", split)
-    monkeypatch.setenv("FLASHMLA_WGMMA_PIPE", pipe)
+    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", WGMMA_SETTINGS.get(request.param, "256"))
     return request.param
 
 
@@ -212,7 +209,7 @@ def test_unknown_kernel_variant_raises(monkeypatch):
     with pytest.raises(RuntimeError, match="FLASHMLA_KERNEL"):
         run(q, kc, bt, sl)
     monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9"), ("FLASHMLA_WGMMA_PIPE", "2")]:
+    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9")]:
         monkeypatch.setenv(var, bad)
         with pytest.raises(RuntimeError, match=var):
             run(q, kc, bt, sl)
@@ -236,27 +233,6 @@ def test_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
     fin = torch.isfinite(l1)
     assert ((l1[fin] - l2[fin]).abs() / l1[fin].abs().clamp_min(1.0)).max() < 2e-5
-
-
-@pytest.mark.parametrize("h_q,s_q", [(16, 1), (128, 1), (64, 2)])
-def test_wgmma_pipe_is_bit_identical(h_q, s_q, monkeypatch):
-    """FLASHMLA_WGMMA_PIPE=1 reorders WG1's work (S of page t+1 and P V of page t in flight
-    together) but not the arithmetic: outputs and lse must equal the plain order bit for bit, on a
-    batch that mixes long (bf16 P) and short (hi/lo P) requests, many one-page requests per CTA
-    (the epilogue hand-over) and a zero-length one."""
-    need_kernel()
-    rng = random.Random(h_q * 10 + s_q)
-    lens = [rng.choice([1, 40, 64, 65, 300, 1024, 1500, 5000]) for _ in range(150)] + [0]
-    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q + 7 * s_q)
-    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
-    res = {}
-    for pipe in ("0", "1"):
-        monkeypatch.setenv("FLASHMLA_WGMMA_PIPE", pipe)
-        res[pipe] = run(q, kc, bt, sl, causal=s_q > 1)
-    assert torch.equal(res["0"][0], res["1"][0]) and torch.equal(res["0"][1], res["1"][1])
-    ro, rl = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=s_q > 1)
-    check(*res["1"], ro, rl)
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (64, 1), (128, 2), (5, 3)])

@@ -19,11 +19,11 @@ def _model(name, *args):
 
 
 def test_wgmma_protocol_model_passes_and_catches_mutants():
-    """CPU model of the shared wgmma consumers' protocol (csrc/models/wgmma_protocol_model.py): plain
-    and software-pipelined WG1, bf16 and hi/lo P; each deliberately broken buffer or order is caught."""
+    """CPU model of the shared wgmma consumers' protocol (csrc/models/wgmma_protocol_model.py), bf16
+    and hi/lo P: passes over random schedules; each deliberately broken buffer or order is caught."""
     res = _model("wgmma_protocol_model.py", "--trials", "300", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 5 mutants caught" in res.stdout
+    assert "all 4 mutants caught" in res.stdout
 
 
 def test_fp8_wgmma_protocol_model_passes_and_catches_mutants():
