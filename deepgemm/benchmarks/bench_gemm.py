@@ -184,7 +184,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--compare", action="append", default=[], metavar="ENV=V1,V2",
                     help="also time our kernels under each value of an environment switch on small-M shapes, "
-                         "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_SMALL_M_BN=fill,pow2 (repeatable)")
+                         "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_SMALL_M_BN=fill,pow2 (repeatable); several switches "
+                         "at once: DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&1 (values joined by &)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device")
@@ -215,20 +216,27 @@ def main():
     # contiguous cases: m is (groups, rows per group)
     contig = [("contiguous", gm, n, k) for n, k in GROUPED_NK for gm in CONTIG]
     per_env = {"DEEPGEMM_MULTICAST": large + cases,
-               "DEEPGEMM_BN256": large + contig}  # 128 x 256 tiles apply only at M > 128
+               "DEEPGEMM_BN256": large + contig,  # 128 x 256 tiles apply only at M > 128
+               "DEEPGEMM_TMA_STORE": large}  # dense only
     for spec in args.compare:
         env, values = spec.split("=")
-        for layout, m, n, k in per_env.get(env, cases):
+        envs = env.split("&")
+        todo = next((per_env[e] for e in envs if e in per_env), cases)
+        for layout, m, n, k in todo:
             res = {}
             for val in values.split(","):
-                os.environ[env] = val
+                vals = val.split("&")
+                if len(vals) != len(envs):
+                    raise SystemExit(f"--compare {spec}: value {val!r} does not give one value per switch")
+                os.environ.update(zip(envs, vals))
                 row = (bench_dense(m, n, k, with_ref=False, peers=False) if layout == "dense"
                        else bench_contiguous(*m, n, k, peers=False) if layout == "contiguous"
                        else bench_masked(m, 64, n, k, peers=False))
                 res[val] = row["ours_tflops"]
                 if row["diff"] > 1e-5:  # a variant that computes wrong numbers is not a speed-up
                     res[val + "_diff"] = row["diff"]
-            os.environ.pop(env)
+            for e in envs:
+                os.environ.pop(e)
             variants.append({"env": env, "layout": layout, "m": m, "n": n, "k": k, **res})
             print(json.dumps(variants[-1]), flush=True)
     from deepgemm.jit import compiler

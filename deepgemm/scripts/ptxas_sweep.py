@@ -29,11 +29,11 @@ def configs():
             cases, ("staged", "direct"), ("0", "1"), ("fill", "pow2"), ("0", "1", "2"), ("0", "1"), ("0", "1"),
             (132, 77), (torch.bfloat16, torch.float32)):
         out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, ks, bn, sw, pipe, mc))
-    # DEEPGEMM_BN256=1 (FP8 128 x 256 tiles at M > 128), grouped contiguous included
+    # DEEPGEMM_BN256=1 (FP8 128 x 256 tiles at M > 128, grouped contiguous included) and DEEPGEMM_TMA_STORE=1
     wide = cases + [("contiguous", n, k, 32768, 1) for n, k in [(4096, 7168), (7168, 2048)]]
-    for (kind, n, k, m, g), epi, sms, dt in itertools.product(wide, ("staged", "direct"), (132, 77),
-                                                               (torch.bfloat16, torch.float32)):
-        out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, "1", bn256_env="1"))
+    for (kind, n, k, m, g), epi, sms, dt, w, ts in itertools.product(
+            wide, ("staged", "direct"), (132, 77), (torch.bfloat16, torch.float32), ("0", "1"), ("0", "1")):
+        out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, "1", bn256_env=w, tstore_env=ts))
     return sorted(out, key=lambda c: tuple(c.__dict__.values()))
 
 
@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
-    only = os.environ.get("SWEEP_ONLY")  # e.g. "pipe": just the pipelined kernels; "wide": the 128 x 256 ones
+    only = os.environ.get("SWEEP_ONLY")  # e.g. "pipe": the pipelined kernels; "wide": 128 x 256; "tstore": TMA store
     for cfg in configs():
         if only and not (cfg.bn > 128 if only == "wide" else getattr(cfg, only)):
             continue
@@ -51,12 +51,14 @@ def main():
                          regs=int(re.search(r"Used (\d+) registers", rec.ptxas).group(1)),
                          spills=sum(map(int, re.findall(r"(\d+) bytes spill (?:stores|loads)", rec.ptxas))),
                          stack=int(re.search(r"(\d+) bytes stack frame", rec.ptxas).group(1)),
-                         smem=K.smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit, cfg.swap)))
+                         smem=K.smem_bytes(cfg.fp8, cfg.k, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit, cfg.swap,
+                                           cfg.tstore)))
     fam = collections.defaultdict(list)
     for r in rows:
         c = r["cfg"]
         name = "K split" if c["ksplit"] else f"BM {c['bm']}" + (" pipelined" if c["pipe"] else "")
         name += " BN 256" if c["bn"] > 128 else ""
+        name += " TMA store" if c.get("tstore") else ""
         name += f" multicast {c['mcast']}" if c["mcast"] else ""
         fam[f"swap-AB {c['swap']}" if c["swap"] else name].append(r)
     print(f"{len(rows)} kernels (nvcc, sm_90a)")

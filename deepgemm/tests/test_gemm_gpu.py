@@ -422,3 +422,70 @@ def test_bn256_wide_tiles(epi, monkeypatch):
         assert d[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
         if mg:
             _check(d[gi, :mg], r[gi, :mg])
+
+
+@pytest.mark.parametrize("bn256", ["0", "1"])
+def test_tma_store_epilogue(bn256, monkeypatch):
+    """DEEPGEMM_TMA_STORE=1: dense BF16 outputs leave through TMA stores of swizzled 64 x 64 boxes (clipped at
+    M and N). The large DeepSeek-V3 shapes (128 x 128, or 128 x 256 with DEEPGEMM_BN256=1); unaligned M and N
+    (partial boxes, boxes wholly past N) with BF16 and FP32 C; the K split (BM = 64, warpgroup 0 stores); a BF16
+    GEMM; several tiles per CTA (9 SMs) and graph replays bit-identical to the eager result."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
+    monkeypatch.setenv("DEEPGEMM_BN256", bn256)
+    db = poisoned((1, 1), torch.bfloat16, DEV)
+    for n, k in NK[1:]:
+        m = 4096
+        assert kernels.make_config("dense", True, db, None, n, k, m, 1).tstore == 1
+        x, y = _rand((m, k), n + 31), _rand((n, k), k + 32)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        dg.fp8_gemm_nt(a, b, d)
+        r = torch.empty(m, n, device=DEV)
+        ref.ref_gemm_nt(*a, *b, r)
+        _check(d, r, x.float() @ y.float().t())
+    for blocks, (m, n, k) in [("128x128", (1000, 4104, 1536)), ("128x64", (129, 2112, 7168)),
+                              ("128x256", (300, 384, 256)), ("64x128", (64, 7168, 2048)), ("64x64", (37, 200, 128))]:
+        monkeypatch.setenv("DEEPGEMM_BLOCKS", blocks)
+        cfg = kernels.make_config("dense", True, db, None, n, k, m, 1)
+        assert cfg.tstore == 1 and cfg.ksplit == (cfg.bm == 64 and k >= 256), cfg
+        _check_fp8_with_c(m, n, k, m + 3, n + 4)
+        x, y = _rand((m, k), m + 41), _rand((n, k), n + 42)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        cb = torch.randn(m, n, device=DEV).to(torch.bfloat16)
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        dg.fp8_gemm_nt(a, b, d, c=cb)
+        r = torch.empty(m, n, device=DEV)
+        ref.ref_gemm_nt(*a, *b, r, cb.float())
+        _check(d, r)
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x128")
+    m, n, k = 1000, 4096, 7168  # BF16 GEMM
+    x, y = _rand((m, k), 51), _rand((n, k), 52)
+    assert kernels.make_config("dense", False, db, None, n, k, m, 1).tstore == 1
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.bf16_gemm_nt(x, y, d)
+    _check(d, x.float() @ y.float().t())
+    monkeypatch.delenv("DEEPGEMM_BLOCKS")
+    old = dg.get_num_sms()
+    dg.set_num_sms(9)  # many tiles per CTA: the boxes are rewritten only after their stores have read them
+    try:
+        m, n, k = 4096, 4096, 512
+        x, y = _rand((m, k), 61), _rand((n, k), 62)
+        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        assert kernels.make_config("dense", True, d, None, n, k, m, 1).tstore == 1
+        dg.fp8_gemm_nt(a, b, d)
+        r = torch.empty(m, n, device=DEV)
+        ref.ref_gemm_nt(*a, *b, r)
+        _check(d, r)
+        eager = d.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dg.fp8_gemm_nt(a, b, d)
+        for _ in range(10):
+            d.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(d, eager)
+    finally:
+        dg.set_num_sms(old)

@@ -44,6 +44,10 @@ MULTICAST_DEFAULT = "0"
 # "prepared"); DEEPGEMM_BN256=0|1 overrides. Off by default: compile-checked, not yet measured.
 BN256_DEFAULT = "0"
 BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes: 144 / 160)
+# Dense BF16 output, staged epilogue, BN a multiple of 64: the tile leaves through TMA stores of swizzled
+# 64 x 64 boxes (no LDS/STG copy-out; the warpgroups start the next tile while the TMA engine writes);
+# DEEPGEMM_TMA_STORE=0|1 overrides. Off by default: compile-checked, not yet measured.
+TMA_STORE_DEFAULT = "0"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -72,6 +76,7 @@ class Config:
     swap: int = 0  # 1 / 2 (FP8, M <= 16): swap-AB kernel (2: pipelined); bm = rows of A per tile (8 / 16), bn = 64
     pipe: int = 0  # 1 (FP8, no K split): two K blocks in flight per consumer warpgroup
     mcast: int = 0  # 2-CTA clusters: 1 multicast B (dense, BM = 128, even M blocks); 2 multicast A (even N blocks)
+    tstore: int = 0  # 1 (dense, BF16 out, staged, BN % 64 == 0): epilogue through TMA stores
 
     @property
     def threads(self) -> int:
@@ -80,24 +85,28 @@ class Config:
         return 128 * ((2 if self.ksplit else self.bm // 64) + 1)
 
 
-def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0, swap: int = 0) -> int:
+def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0, swap: int = 0,
+               tstore: int = 0) -> int:
     """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh (SwapPlan in sm90_gemm_swap.cuh for swap)."""
     if swap:
         return 1024 + stages * (bm * 128 + 64 * 128 + 128) + 16 * stages  # A's scales padded to 128 B
     sfa = bm * 4 if fp8 else 0
     ew = 64 if (fp8 and bn > 128) else bn  # FP8 BN = 256: staged epilogue in 64-column passes
     staging = (bm // 64) * 64 * (ew * 2 + 16) if epi else 0
+    if tstore:  # one 8 KB swizzled 64 x 64 BF16 box per warpgroup and 64-column pass
+        staging = (bm // 64) * (bn // 64) * 8192
     red = 128 * (bn // 2) * 4 if ksplit else 0
     return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging + red
 
 
-def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0, swap: int = 0) -> int:
+def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0, swap: int = 0,
+               tstore: int = 0) -> int:
     """Deepest pipeline that fits in shared memory (no deeper than the K blocks). With the K split
     the depth is even, so that every stage is always consumed by the same warpgroup (see
     stages_ok_for_ksplit)."""
     kb = k // (128 if fp8 else 64)
     s = cap
-    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap) > SMEM_LIMIT:
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap, tstore) > SMEM_LIMIT:
         s -= 1
     s = max(1, min(s, max(kb, 2)))
     if ksplit and s % 2:
@@ -176,13 +185,15 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_PIPE", PIPE_DEFAULT),
                         os.environ.get("DEEPGEMM_MULTICAST", MULTICAST_DEFAULT),
                         os.environ.get("DEEPGEMM_BLOCKS", ""),
-                        os.environ.get("DEEPGEMM_BN256", BN256_DEFAULT))
+                        os.environ.get("DEEPGEMM_BN256", BN256_DEFAULT),
+                        os.environ.get("DEEPGEMM_TMA_STORE", TMA_STORE_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
-                 mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT) -> Config:
+                 mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
+                 tstore_env=TMA_STORE_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
@@ -196,7 +207,10 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         bm, bn = parse_blocks(blocks_env, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
     ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
-    stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit)
+    if tstore_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_TMA_STORE: expected 0 or 1, got {tstore_env!r}")
+    tstore = int(tstore_env == "1" and kind == "dense" and epi == 1 and bn % 64 == 0)
+    stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     if pipe_env not in ("0", "1"):
@@ -208,13 +222,13 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
     # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
     # an even count of those, and a grid of >= 2 CTAs
     mcast = 0
-    if mcast_env == "1" and not pipe and not wide and num_sms >= 2:
+    if mcast_env == "1" and not pipe and not wide and not tstore and num_sms >= 2:
         if kind == "dense" and bm == 128 and not ksplit and bn % 16 == 0 and ceil_div(m_hint, bm) % 2 == 0:
             mcast = 1
         elif kind in ("dense", "masked") and ceil_div(n, bn) % 2 == 0:
             mcast = 2
     return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe,
-                  mcast)
+                  mcast, tstore)
 
 
 # source generation
@@ -248,7 +262,8 @@ def kernel_source(cfg: Config) -> str:
         body = "gemm_body"
         args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
                 f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}"
-                + (f", {cfg.pipe}, {cfg.mcast}" if cfg.mcast else ", 1" if cfg.pipe else ""))
+                + (f", {cfg.pipe}, {cfg.mcast}, 1" if cfg.tstore else f", {cfg.pipe}, {cfg.mcast}" if cfg.mcast
+                   else ", 1" if cfg.pipe else ""))
         headers = compiler.read_header()
         mma_n = 128 if cfg.fp8 and cfg.bn > 128 else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
     return (
@@ -259,8 +274,10 @@ def kernel_source(cfg: Config) -> str:
         + (" __cluster_dims__(2, 1, 1)" if cfg.mcast else "") + " deepgemm_kernel(\n"
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c,\n"
-        "    const int* grouped, int M, int num_groups, int a_box_rows, int sfa_box) {\n"
-        f"  dg::{body}<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups, a_box_rows, sfa_box);\n"
+        "    const int* grouped, int M, int num_groups, int a_box_rows, int sfa_box"
+        + (", const __grid_constant__ dg::TmaDesc tma_d" if cfg.tstore else "") + ") {\n"
+        f"  dg::{body}<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups, a_box_rows, sfa_box"
+        + (", &tma_d" if cfg.tstore else "") + ");\n"
         "}\n"
     )
 
@@ -298,7 +315,7 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
                     eff = replace(eff, **{field: 0})
                     cubin, rec = _build(eff)
             kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi,
-                                                                          eff.ksplit, eff.swap))
+                                                                          eff.ksplit, eff.swap, eff.tstore))
             hit = _kernels[cfg] = (kern, eff)
     return hit
 
@@ -337,6 +354,9 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),
             vp(c.data_ptr() if c is not None else 0), vp(grouped.data_ptr() if grouped is not None else 0),
             ctypes.c_int(m_sched), ctypes.c_int(num_groups), ctypes.c_int(a_box), ctypes.c_int(sfa_box)]
+    if cfg.tstore:  # D as [M, N] BF16, 64 x 64 boxes, 128-byte swizzle (the kernel's shared-memory layout)
+        args.append(runtime.tensor_map_2d(d.data_ptr(), runtime.DT_BFLOAT16, n, d.numel() // n, n * 2, 64, 64,
+                                          runtime.SWIZZLE_128B))
     kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(),
                 launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args)
 

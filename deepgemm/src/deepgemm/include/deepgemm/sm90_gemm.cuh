@@ -69,6 +69,16 @@ __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 cta) {
   asm volatile("{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %0, %1;\n"
                " mbarrier.arrive.shared::cluster.b64 _, [r];\n}" :: "r"(bar), "r"(cta) : "memory");
 }
+// TMA store of one box from shared memory (bulk-group completion); the box is clipped at the tensor's bounds
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* desc, u32 src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               :: "l"(reinterpret_cast<u64>(desc)), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// generic-proxy shared-memory writes become visible to the async proxy (TMA) after this (+ a barrier)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
 }
@@ -184,14 +194,16 @@ struct Scheduler {
 };
 
 // ---- shared-memory plan (the host computes the same total in deepgemm/jit/kernels.py) --------
-template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT>
+template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT, int TSTORE = 0>
 struct SmemPlan {
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 ? BM * 4 : 0;
   // staged BF16 epilogue: padded rows (conflict-free writes), kEW columns per pass (FP8 BN = 256: four
   // 64-column passes, so that the staging fits beside 4 pipeline stages)
   static constexpr int kEW = (FP8 && BN > 128) ? 64 : BN;
   static constexpr int kPitch = kEW * 2 + 16;
-  static constexpr int kEpiBytes = EPI ? (BM / 64) * 64 * kPitch : 0;
+  // TSTORE: one 128-byte-swizzled 64 x 64 BF16 box (8 KB) per warpgroup and 64-column pass, 1024-aligned
+  // after the B stages, TMA-stored to global
+  static constexpr int kEpiBytes = TSTORE ? (BM / 64) * (BN / 64) * 8192 : EPI ? (BM / 64) * 64 * kPitch : 0;
   static constexpr int kRedBytes = KSPLIT ? 128 * (BN / 2) * 4 : 0;  // K-split partial sums
   static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES + kEpiBytes + kRedBytes;
 };
@@ -215,12 +227,18 @@ struct SmemPlan {
 // L2. A stage may then be refilled only when the consumers of both CTAs have released it: every consumer
 // warp arrives on the empty barrier of its own CTA and of the peer (count doubled). No CTA exits before
 // its peer (cluster barrier at the end): the peer may still multicast into it or arrive on its barriers.
+// FP8 BN = 256 (DEEPGEMM_BN256, BM = 128): each consumer warpgroup takes the B tile in two 128-column halves
+// per K block (see WIDE below). TSTORE = 1 (dense, BF16 output, staged, BN % 64 == 0; DEEPGEMM_TMA_STORE): the
+// epilogue writes one 128-byte-swizzled 64 x 64 box per 64-column pass (placed after the B stages, 1024-
+// aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [M, N]); it waits for the previous
+// tile's stores to have read the boxes before rewriting them, and for all of them before the CTA exits.
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
-          int PIPE = 0, int MCAST = 0>
+          int PIPE = 0, int MCAST = 0, int TSTORE = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
-                                          int M, int num_groups, int a_box_rows, int sfa_box) {
+                                          int M, int num_groups, int a_box_rows, int sfa_box,
+                                          const TmaDesc* tma_d = nullptr) {
   constexpr int NUM_MATH_WG = KSPLIT ? 2 : BM / 64;
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
@@ -232,7 +250,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + BN - 1) / BN;
-  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT>;
+  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT, TSTORE>;
+  static_assert(!TSTORE || (KIND == kDense && OUT == kOutBF16 && EPI == 1 && BN % 64 == 0),
+                "TSTORE: dense, BF16 output, staged epilogue, BN a multiple of 64");
   static_assert(EPI == 0 || OUT == kOutBF16, "staged epilogue is BF16-only");
   constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
   static_assert(BM == 64 || BM == 128, "BM");
@@ -250,11 +270,14 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const u32 pad = (1024 - (base & 1023)) & 1023;
   unsigned char* smem = smem_raw + pad;
   base += pad;
-  const u32 sA = base, sB = sA + STAGES * A_BYTES, sSFA = sB + STAGES * B_BYTES;
+  const u32 sA = base, sB = sA + STAGES * A_BYTES, sT = sB + STAGES * B_BYTES;  // sT: TSTORE boxes
+  const u32 sSFA = sT + (TSTORE ? Plan::kEpiBytes : 0);
   const u32 bars = sSFA + STAGES * SFA_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
   const float* sfa_smem = reinterpret_cast<const float*>(smem + (sSFA - base));
-  unsigned char* epi_smem = smem + (bars - base) + 16 * STAGES;  // [BM / 64][64][kPitch]
-  float* red_smem = reinterpret_cast<float*>(epi_smem + Plan::kEpiBytes);  // [BN / 2][128]
+  // [BM / 64][64][kPitch] (TSTORE: [BM / 64][BN / 64][64 rows x 128 B, swizzled])
+  unsigned char* const tail = smem + (bars - base) + 16 * STAGES;
+  unsigned char* epi_smem = TSTORE ? smem + (sT - base) : tail;
+  float* red_smem = reinterpret_cast<float*>(tail + (TSTORE ? 0 : Plan::kEpiBytes));  // [BN / 2][128]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   if (tid == 0) {
@@ -491,7 +514,48 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     valid_rows<KIND>(grouped, g, M, limit, row_off);
     const int row_wg = m_blk * BM + wrow * 64;  // first row of this warpgroup's 64
     const int col_t = n_blk * BN;
-    if constexpr (EPI == 1) {
+    if constexpr (TSTORE) {
+      // registers -> one swizzled 64 x 64 box per 64-column pass -> TMA store (clipped at M and N); the
+      // warpgroup goes on to the next tile while the TMA engine writes this one out
+      constexpr int PASSES = BN / 64;
+      unsigned char* buf = epi_smem + wrow * PASSES * 8192;
+      const int wtid = tid % 128;
+      if (wtid == 0) bulk_wait_read_all();  // the previous tile's stores have read buf
+      named_bar_sync(1 + wrow, 128);
+#pragma unroll
+      for (int pass = 0; pass < PASSES; ++pass) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = r_in_wg + half * 8;  // r % 8 == lane / 4
+          const bool row_ok = row_wg + r < limit;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {  // 16-byte chunk j of the 128-byte row
+            const int jj = pass * 8 + j, c = jj * 8 + (lane % 4) * 2;
+            float v0 = acc[jj * 4 + half * 2], v1 = acc[jj * 4 + half * 2 + 1];
+            if (CT != kNoC && row_ok && col_t + c < N) {
+              const long long off = (row_off + row_wg + r) * (long long)N + col_t + c;
+              if (CT == kCF32) {
+                const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
+                v0 += cp[0]; v1 += cp[1];
+              } else {
+                const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
+                v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+              }
+            }
+            *reinterpret_cast<u32*>(buf + pass * 8192 + r * 128 + ((j ^ (lane / 4)) * 16) + (lane % 4) * 4) =
+                pack_bf16(v0, v1);
+          }
+        }
+      }
+      fence_proxy_async();
+      named_bar_sync(1 + wrow, 128);
+      if (wtid == 0) {
+#pragma unroll
+        for (int pass = 0; pass < PASSES; ++pass)
+          tma_store_2d(tma_d, smem_addr(buf) + pass * 8192, col_t + pass * 64, row_wg);
+        bulk_commit();
+      }
+    } else if constexpr (EPI == 1) {
       constexpr int P = Plan::kPitch, EW = Plan::kEW;
       unsigned char* buf = epi_smem + wrow * 64 * P;
       // one pass of EW columns from tile column cp0: registers -> buf -> 16-byte global stores
@@ -569,6 +633,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     }
     have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
     sfb_row0 = nrow; sfb_step = nstep;
+  }
+  if constexpr (TSTORE) {
+    if (tid % 128 == 0) bulk_wait_all();  // the CTA's shared memory must outlive its TMA stores
   }
   if constexpr (MCAST) cluster_sync();
 }

@@ -1,6 +1,9 @@
-"""DEEPGEMM_BN256 (FP8 128 x 256 tiles) on the CPU: the block choice, the shared-memory plan, the switch's
-interplay with the other switches, and (with nvcc) ptxas' report for every kernel the switch builds."""
+"""The large-M switches on the CPU: DEEPGEMM_BN256 (FP8 128 x 256 tiles) and DEEPGEMM_TMA_STORE (epilogue
+through TMA stores): block choice, shared-memory plan, interplay with the other switches, generated source,
+and (with nvcc) ptxas' report and the SASS of the kernels they build."""
+import os
 import re
+import subprocess
 
 import pytest
 import torch
@@ -85,3 +88,70 @@ def test_bn256_kernels_compile_clean(tmp_path, monkeypatch):
         assert not compiler.spills(rec.ptxas) and "0 bytes spill stores" in rec.ptxas, (cfg, rec.ptxas)
         assert "C75" not in rec.ptxas, (cfg, rec.ptxas)
         assert int(re.search(r"Used (\d+) registers", rec.ptxas).group(1)) <= 232
+
+
+def test_tma_store_config(monkeypatch):
+    """On: dense GEMMs with BF16 output, the staged epilogue and BN % 64 == 0 (both tile shapes); never the
+    grouped layouts (padding / masked rows must stay untouched), FP32 / FP8 output, the direct epilogue,
+    BN = 112; no multicast with it. The kernel gets the output's tensor map as an extra parameter."""
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    cfg = kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
+    assert (cfg.bn, cfg.tstore, cfg.mcast, cfg.stages) == (128, 1, 0, 5)
+    assert kernels.smem_bytes(True, 2048, 128, 128, 5, 1, tstore=1) == 1024 + 5 * 33280 + 80 + 4 * 8192
+    src = kernels.kernel_source(cfg)
+    assert "const __grid_constant__ dg::TmaDesc tma_d)" in src and ", &tma_d);" in src and ", 0, 0, 1>(" in src
+    monkeypatch.setenv("DEEPGEMM_BN256", "1")
+    wide = kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
+    assert (wide.bn, wide.tstore, wide.stages) == (256, 1, 3)  # 64 KB of boxes leave room for 3 stages
+    assert kernels.smem_bytes(True, 2048, 128, 256, 3, 1, tstore=1) <= kernels.SMEM_LIMIT
+    assert kernels.make_config("contiguous", True, D, None, 4096, 7168, 32768, 1).tstore == 0
+    assert kernels.make_config("masked", True, D, None, 4096, 7168, 256, 4).tstore == 0
+    assert kernels.make_config("dense", True, torch.empty(1, 1), None, 7168, 2048, 4096, 1).tstore == 0
+    assert kernels.make_config("dense", True, D, None, 2112, 7168, 4096, 1).tstore == 0  # BN = 112
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", "direct")
+    assert kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1).tstore == 0
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
+    monkeypatch.delenv("DEEPGEMM_EPILOGUE")
+    off = kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
+    assert off.tstore == 0 and "dg::TmaDesc tma_d" not in kernels.kernel_source(off)
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "2")
+    with pytest.raises(ValueError, match="DEEPGEMM_TMA_STORE"):
+        kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
+
+
+def _tstore_configs():
+    mk = kernels._make_config
+    cfgs = [mk("dense", True, torch.bfloat16, None, n, k, 4096, 1, 132, "staged", "1", bn256_env=w, tstore_env="1")
+            for n, k in NK[1:] for w in ("0", "1")]
+    cfgs += [mk("dense", True, torch.bfloat16, torch.float32, 4104, 1536, 1000, 1, 132, "staged", "1",
+                blocks_env="128x64", tstore_env="1"),
+             mk("dense", True, torch.bfloat16, torch.bfloat16, 7168, 2048, 64, 1, 132, "staged", "1",
+                blocks_env="64x128", tstore_env="1"),  # K split: warpgroup 0 stores
+             mk("dense", False, torch.bfloat16, None, 4096, 7168, 4096, 1, 132, "staged", "1",
+                blocks_env="128x256", tstore_env="1")]  # BF16 GEMM, four boxes per warpgroup
+    assert all(c.tstore for c in cfgs) and cfgs[-2].ksplit == 1
+    return cfgs
+
+
+@pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
+def test_tma_store_kernels_compile_clean(tmp_path, monkeypatch):
+    """The TMA-store kernels (128 x 128 and 128 x 256 at M = 4096, a 64-wide tile with C, the K split, a BF16
+    GEMM): no spills or stack, no C75xx; where cuobjdump is at hand, the SASS stores through UTMASTG (one
+    per 64-column box) and has no 16-byte global store left (the copy-out loop is gone)."""
+    from test_multicast import _sass_tools
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
+    tools = _sass_tools()
+    for cfg in _tstore_configs():
+        cubin, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
+        assert not compiler.spills(rec.ptxas) and "0 bytes spill stores" in rec.ptxas, (cfg, rec.ptxas)
+        assert "C75" not in rec.ptxas, (cfg, rec.ptxas)
+        if tools is None:
+            continue
+        path = tmp_path / "k.cubin"
+        path.write_bytes(cubin)
+        env = dict(os.environ, PATH=tools + os.pathsep + os.environ.get("PATH", ""))
+        sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", str(path)], capture_output=True, text=True,
+                              timeout=60, check=True, env=env).stdout
+        assert sass.count("UTMASTG.2D") == cfg.bn // 64, (cfg, sass.count("UTMASTG.2D"))
+        assert "STG.E.128" not in sass, cfg
