@@ -43,7 +43,7 @@ MULTICAST_DEFAULT = "0"
 # 25 % fewer L2 -> SM bytes and ~10 % less shared-memory traffic per FLOP than 128 x 128 (BENCHMARKS.md,
 # "prepared"); DEEPGEMM_BN256=0|1 overrides. Off by default: compile-checked, not yet measured.
 BN256_DEFAULT = "0"
-BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes: 144 / 160)
+BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes per FLOP: 144.5 / 161)
 # Dense BF16 output, staged epilogue, BN a multiple of 64: the tile leaves through TMA stores of swizzled
 # 64 x 64 boxes (no LDS/STG copy-out; the warpgroups start the next tile while the TMA engine writes);
 # DEEPGEMM_TMA_STORE=0|1 overrides. Off by default: compile-checked, not yet measured.
