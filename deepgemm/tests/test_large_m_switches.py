@@ -155,3 +155,33 @@ def test_tma_store_kernels_compile_clean(tmp_path, monkeypatch):
                               timeout=60, check=True, env=env).stdout
         assert sass.count("UTMASTG.2D") == cfg.bn // 64, (cfg, sass.count("UTMASTG.2D"))
         assert "STG.E.128" not in sass, cfg
+
+
+def test_tma_store_box_layout():
+    """The TMA-store epilogue's shared-memory writes (sm90_gemm.cuh, TSTORE): thread (warp w, lane l) puts the
+    BF16 pair of accumulator columns 8j + 2(l % 4), +1 of row 16w + l / 4 + 8h at r * 128 + (j ^ l / 4) * 16 +
+    (l % 4) * 4 of a 64 x 64 box. Replayed here: every byte of the box is written once, each 32-lane store
+    hits 32 distinct banks, and reading the box back with the 128-byte TMA swizzle (16-byte chunk c of row r
+    at (c ^ r % 8) * 16: CU_TENSOR_MAP_SWIZZLE_128B on a 1024-aligned box) gives the accumulator tile."""
+    tile = torch.arange(64 * 64, dtype=torch.int64).reshape(64, 64)  # stand-in values, one per element
+    box = torch.full((64 * 128,), -1, dtype=torch.int64)  # one slot per byte
+    for w in range(4):
+        for h in range(2):
+            for j in range(8):
+                banks = set()
+                for lane in range(32):
+                    r, c = 16 * w + lane // 4 + 8 * h, 8 * j + 2 * (lane % 4)
+                    assert r % 8 == lane // 4
+                    addr = r * 128 + ((j ^ (lane // 4)) * 16) + (lane % 4) * 4
+                    banks.add((addr // 4) % 32)
+                    for e in range(2):  # the two BF16 values of the 4-byte store
+                        for b in range(2):
+                            assert box[addr + 2 * e + b] == -1, "byte written twice"
+                            box[addr + 2 * e + b] = tile[r, c + e] * 2 + b
+                assert len(banks) == 32, (w, h, j, sorted(banks))
+    assert (box >= 0).all()
+    for r in range(64):
+        for c in range(64):
+            byte = c * 2
+            addr = r * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
+            assert box[addr] == tile[r, c] * 2 and box[addr + 1] == tile[r, c] * 2 + 1
