@@ -217,7 +217,8 @@ def main():
     contig = [("contiguous", gm, n, k) for n, k in GROUPED_NK for gm in CONTIG]
     per_env = {"DEEPGEMM_MULTICAST": large + cases,
                "DEEPGEMM_BN256": large + contig,  # 128 x 256 tiles apply only at M > 128
-               "DEEPGEMM_TMA_STORE": large}  # dense only
+               "DEEPGEMM_TMA_STORE": large,  # dense only
+               "DEEPGEMM_MIN_SMS": large + contig}
     for spec in args.compare:
         env, values = spec.split("=")
         envs = env.split("&")

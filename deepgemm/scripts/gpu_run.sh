@@ -2,7 +2,7 @@
 # One device call: install, smoke (`python -m deepgemm`), GPU tests, benchmark. Logs under $OUT.
 # usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full|tests|bench|repro|tune|ab] [pytest -k expr]
 # ab: smoke, the GPU tests selected by the -k expr, then bench_gemm.py --quick $AB_COMPARE
-#     (default: --compare DEEPGEMM_BN256=0,1), e.g. gpu_run.sh ab bn256
+#     (default: BN256 x TMA_STORE, then MIN_SMS), e.g. gpu_run.sh ab "bn256 or tma_store"
 # full: smoke, GPU tests, scripts/repro_masked.py, bench_gemm.py with the --compare switches
 set -o pipefail
 export PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=/tmp/dgcache
@@ -25,7 +25,7 @@ if [ "$MODE" = tune ]; then  # forced block sizes / multicast beside the cost mo
   timeout ${TUNE_TIMEOUT:-450} python3 deepgemm/scripts/tune_blocks.py --budget ${TUNE_BUDGET:-420} --json $OUT/tune.json 2>&1 | tee $OUT/tune.log
 fi
 if [ "$MODE" != tests ] && [ "$MODE" != repro ] && [ "$MODE" != tune ]; then
-  BARGS=$([ "$MODE" = ab ] && echo "--quick ${AB_COMPARE:---compare DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&0,0&1,1&1}" || { [ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick"; })
+  BARGS=$([ "$MODE" = ab ] && echo "--quick ${AB_COMPARE:---compare DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&0,0&1,1&1 --compare DEEPGEMM_MIN_SMS=0,1}" || { [ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick"; })
   timeout ${BENCH_TIMEOUT:-300} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
 fi
 python3 - <<'PY' > $OUT/compiles.txt

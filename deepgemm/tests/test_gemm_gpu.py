@@ -489,3 +489,27 @@ def test_tma_store_epilogue(bn256, monkeypatch):
             assert torch.equal(d, eager)
     finally:
         dg.set_num_sms(old)
+
+
+def test_min_sms_grid(monkeypatch):
+    """DEEPGEMM_MIN_SMS=1: the persistent grid shrinks to ceil(tiles / waves) CTAs (N = 2112: 122 of 132 SMs
+    at M = 4096); results unchanged, dense and grouped contiguous."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_MIN_SMS", "1")
+    m, n, k = 4096, 2112, 7168
+    cfg = kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1)
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
+    assert kernels.launch_grid(cfg, tiles, dg.get_num_sms()) < min(dg.get_num_sms(), tiles) or dg.get_num_sms() != 132
+    _check_fp8_with_c(m, n, k, 71, 72)
+    g, n, k = 4, 4096, 7168
+    m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, 700, 73), device=DEV)
+    m = m_indices.numel()
+    x, y = _rand((m, k), 74), _rand((g, n, k), 75)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    r = torch.full((m, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
+    valid = m_indices >= 0
+    assert d[~valid].float().isnan().all(), "padding rows were written"
+    _check(d[valid], r[valid])

@@ -185,3 +185,32 @@ def test_tma_store_box_layout():
             byte = c * 2
             addr = r * 128 + (((byte // 16) ^ (r % 8)) * 16) + byte % 16
             assert box[addr] == tile[r, c] * 2 and box[addr + 1] == tile[r, c] * 2 + 1
+
+
+@pytest.mark.parametrize("bn256", ["0", "1"])
+def test_min_sms_grid_keeps_waves(bn256):
+    """DEEPGEMM_MIN_SMS=1 launches ceil(tiles / waves) CTAs: every tile still computed once, per-CTA counts
+    within one of each other, and no CTA gets more tiles (waves) than with one CTA per SM."""
+    from test_multicast import SHAPES, schedule
+    from deepgemm.utils import ceil_div
+    fewer = 0
+    for kind, m, n, k, g in SHAPES:
+        for num_sms in (132, 78):
+            cfg = kernels._make_config(kind, True, torch.bfloat16, None, n, k, m, g, num_sms, "staged", "1",
+                                       bn256_env=bn256, min_sms_env="1")
+            base = kernels._make_config(kind, True, torch.bfloat16, None, n, k, m, g, num_sms, "staged", "1",
+                                        bn256_env=bn256)
+            assert cfg.min_sms == 1 and kernels.kernel_source(cfg) == kernels.kernel_source(base)
+            nb = ceil_div(n, cfg.bn)
+            tiles = g * ceil_div(m, cfg.bm) * nb
+            grid, grid0 = kernels.launch_grid(cfg, tiles, num_sms), kernels.launch_grid(base, tiles, num_sms)
+            assert 1 <= grid <= grid0
+            fewer += grid < grid0
+            seqs = schedule(kind, m, nb, cfg.bm, 0, grid, [m] * g if kind == "masked" else None)
+            done = [t for s in seqs for t in s]
+            assert len(done) == len(set(done)) == tiles
+            assert max(map(len, seqs)) == ceil_div(tiles, grid0) and max(map(len, seqs)) - min(map(len, seqs)) <= 1
+    assert fewer > 0
+    with pytest.raises(ValueError, match="DEEPGEMM_MIN_SMS"):
+        kernels._make_config("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "staged", "1",
+                             min_sms_env="2")

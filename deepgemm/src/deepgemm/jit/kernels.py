@@ -48,6 +48,10 @@ BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 12
 # 64 x 64 boxes (no LDS/STG copy-out; the warpgroups start the next tile while the TMA engine writes);
 # DEEPGEMM_TMA_STORE=0|1 overrides. Off by default: compile-checked, not yet measured.
 TMA_STORE_DEFAULT = "0"
+# Persistent grid no larger than the tile waves need: ceil(tiles / ceil(tiles / SMs)) CTAs (same number of
+# waves, fewer busy SMs: less power, so higher clocks, as DeepGEMM does); DEEPGEMM_MIN_SMS=0|1 overrides.
+# Off by default: not yet measured.
+MIN_SMS_DEFAULT = "0"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -77,6 +81,7 @@ class Config:
     pipe: int = 0  # 1 (FP8, no K split): two K blocks in flight per consumer warpgroup
     mcast: int = 0  # 2-CTA clusters: 1 multicast B (dense, BM = 128, even M blocks); 2 multicast A (even N blocks)
     tstore: int = 0  # 1 (dense, BF16 out, staged, BN % 64 == 0): epilogue through TMA stores
+    min_sms: int = 0  # 1: launch only as many CTAs as the waves of tiles need (launch_grid)
 
     @property
     def threads(self) -> int:
@@ -186,20 +191,24 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_MULTICAST", MULTICAST_DEFAULT),
                         os.environ.get("DEEPGEMM_BLOCKS", ""),
                         os.environ.get("DEEPGEMM_BN256", BN256_DEFAULT),
-                        os.environ.get("DEEPGEMM_TMA_STORE", TMA_STORE_DEFAULT))
+                        os.environ.get("DEEPGEMM_TMA_STORE", TMA_STORE_DEFAULT),
+                        os.environ.get("DEEPGEMM_MIN_SMS", MIN_SMS_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
-                 tstore_env=TMA_STORE_DEFAULT) -> Config:
+                 tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
+    if min_sms_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_MIN_SMS: expected 0 or 1, got {min_sms_env!r}")
+    min_sms = int(min_sms_env)
     if fp8 and swap_env != "0" and m_hint <= SWAP_MAX_M and kind in ("dense", "masked"):
         bm = 8 if m_hint <= 8 else 16
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, 64,
-                      max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env))
+                      max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env), min_sms=min_sms)
     if bn256_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_BN256: expected 0 or 1, got {bn256_env!r}")
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env == "1")
@@ -228,7 +237,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         elif kind in ("dense", "masked") and ceil_div(n, bn) % 2 == 0:
             mcast = 2
     return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe,
-                  mcast, tstore)
+                  mcast, tstore, min_sms)
 
 
 # source generation
@@ -252,6 +261,12 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
     )
 
 
+def _source_fields(cfg: Config) -> dict:
+    """The configuration as the source's first line records it: min_sms only sizes the grid (one kernel, one
+    cache entry for both values), and a zero tstore is left out (the default kernels' first line as before)."""
+    return {k: v for k, v in asdict(cfg).items() if k != "min_sms" and not (k == "tstore" and v == 0)}
+
+
 def kernel_source(cfg: Config) -> str:
     if cfg.swap:
         body = "gemm_swap_body"
@@ -267,7 +282,7 @@ def kernel_source(cfg: Config) -> str:
         headers = compiler.read_header()
         mma_n = 128 if cfg.fp8 and cfg.bn > 128 else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
     return (
-        f"// deepgemm kernel {asdict(cfg)}\n"
+        f"// deepgemm kernel {_source_fields(cfg)}\n"
         + headers
         + "\n" + wgmma_specialisation(mma_n, cfg.fp8)
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1)'
@@ -366,7 +381,10 @@ def launch_grid(cfg: Config, tiles: int, num_sms: int) -> int:
     both CTAs of a cluster walking the same tiles / 2 tile pairs (Scheduler in sm90_gemm.cuh)."""
     if cfg.mcast:
         return 2 * max(1, min(num_sms // 2, tiles // 2))
-    return max(1, min(num_sms, tiles))
+    grid = max(1, min(num_sms, tiles))
+    if cfg.min_sms:  # same number of waves on fewer SMs
+        grid = max(1, ceil_div(tiles, ceil_div(tiles, grid)))
+    return grid
 
 
 def _check_sf_ptr(sfa: torch.Tensor) -> None:
