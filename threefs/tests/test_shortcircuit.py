@@ -3,6 +3,7 @@ the client from the page cache; correct under concurrent CRAQ writes, chain chan
 secret, and a replica without a short-circuit socket (TCP then)."""
 import os
 import random
+import socket
 import threading
 import time
 
@@ -217,6 +218,35 @@ def test_replica_without_short_circuit_is_read_over_tcp(craq):
         assert not any(fresh.sc.local(n.addr) for n in nodes)  # remembered: no socket tries
     finally:
         fresh.close()
+
+
+def test_storage_config_turns_the_socket_off(tmp_path):
+    from threefs.storage import StorageNode
+    cfg = {"node_id": "x", "listen": "127.0.0.1:0", "secret": SECRET, "mgmtd": ["127.0.0.1:1"],
+           "targets": [{"id": 99, "path": str(tmp_path / "t")}]}
+    for on in (False, True):
+        node = StorageNode({**cfg, "short_circuit": on})  # not started: no mgmtd needed
+        cl = shortcircuit.Client(SECRET)
+        try:
+            assert (node.sc is not None) == on
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                if on:
+                    s.connect(shortcircuit.sock_name(node.addr))  # bound and listening
+                else:
+                    with pytest.raises(OSError):
+                        s.connect(shortcircuit.sock_name(node.addr))
+                    with pytest.raises(shortcircuit.Fallback):
+                        cl.read(node.addr, {"chain": 1, "chain_ver": 1, "chunk": "00",
+                                            "offset": 0, "length": 4096})
+                    assert not cl.local(node.addr)  # remembered: TCP for a while
+            finally:
+                s.close()
+        finally:
+            cl.close()
+            node.server.sock.close()
+            if node.sc is not None:
+                node.sc.sock.close()
 
 
 def test_flipped_byte_caught_by_client_and_repaired(craq):

@@ -114,7 +114,8 @@ class LocalCluster:
                   for t, n in targets.items() if n == nid]
             cfgs[nid] = ("storage", {
                 "node_id": nid, "listen": f"127.0.0.1:{free_port()}", **common,
-                "fsync": self.fsync, "heartbeat_s": 0.25, "targets": tl})
+                "fsync": self.fsync, "heartbeat_s": 0.25, "targets": tl,
+                "short_circuit": True})  # the socket for same-host clients (shortcircuit.py)
         for name, (svc, cfg) in cfgs.items():
             with open(f"{self.root}/conf/{name}.toml", "w") as f:
                 f.write(dump_toml(cfg))
