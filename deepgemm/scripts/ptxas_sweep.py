@@ -32,7 +32,7 @@ def configs():
     # DEEPGEMM_BN256=1 (FP8 128 x 256 tiles at M > 128, grouped contiguous included) and DEEPGEMM_TMA_STORE=1
     wide = cases + [("contiguous", n, k, 32768, 1) for n, k in [(4096, 7168), (7168, 2048)]]
     for (kind, n, k, m, g), epi, sms, dt, w, ts in itertools.product(
-            wide, ("staged", "direct"), (132, 77), (torch.bfloat16, torch.float32), ("0", "1"), ("0", "1")):
+            wide, ("staged", "direct"), (132, 77), (torch.bfloat16, torch.float32), ("0", "1", "2"), ("0", "1")):
         out.add(K._make_config(kind, True, dt, None, n, k, m, g, sms, epi, "1", bn256_env=w, tstore_env=ts))
     return sorted(out, key=lambda c: tuple(c.__dict__.values()))
 
@@ -57,7 +57,7 @@ def main():
     for r in rows:
         c = r["cfg"]
         name = "K split" if c["ksplit"] else f"BM {c['bm']}" + (" pipelined" if c["pipe"] else "")
-        name += " BN 256" if c["bn"] > 128 else ""
+        name += (" BN 256 RS" if c.get("rs") else " BN 256") if c["bn"] > 128 else ""
         name += " TMA store" if c.get("tstore") else ""
         name += f" multicast {c['mcast']}" if c["mcast"] else ""
         fam[f"swap-AB {c['swap']}" if c["swap"] else name].append(r)
@@ -74,8 +74,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f)
-    # a pipelined or multicast kernel that spills is not used (the JIT falls back to the plain one): no failure
-    bad = [r for r in rows if ((r["spills"] or r["stack"]) and not r["cfg"]["pipe"] and not r["cfg"]["mcast"])
+    # a pipelined, multicast or RS kernel that spills is not used (the JIT falls back to the plain one): no failure
+    bad = [r for r in rows if ((r["spills"] or r["stack"]) and not r["cfg"]["pipe"] and not r["cfg"]["mcast"]
+                               and not r["cfg"].get("rs"))
            or (r["cfg"]["ksplit"] and r["cfg"]["stages"] % 2)
            or ((r["cfg"]["swap"] == 2 or r["cfg"]["pipe"]) and r["serialised"])]
     return 1 if bad else 0

@@ -370,19 +370,21 @@ def test_multicast_dense(epi, monkeypatch):
     _check_masked_8x64(40)  # masked, with empty groups
 
 
-@pytest.mark.parametrize("epi", ["staged", "direct"])
-def test_bn256_wide_tiles(epi, monkeypatch):
-    """DEEPGEMM_BN256=1: FP8 128 x 256 tiles (each consumer warpgroup: 64 rows x two 128-column halves).
+@pytest.mark.parametrize("mode,epi", [("1", "staged"), ("1", "direct"), ("2", "staged"), ("2", "direct")])
+def test_bn256_wide_tiles(mode, epi, monkeypatch):
+    """DEEPGEMM_BN256=1: FP8 128 x 256 tiles (each consumer warpgroup: 64 rows x two 128-column halves);
+    =2: the same with A read into registers once per K block (ldmatrix) for both halves' WGMMAs.
     The large DeepSeek-V3 shapes the model gives them; forced (DEEPGEMM_BLOCKS=128x256) on unaligned M and N
     (a last tile whose second half lies past N, N not a multiple of 128, M not a multiple of 128, a single
     tile) with BF16 / FP32 (+ C) / FP8 outputs; grouped contiguous (padding rows untouched) and masked."""
     from deepgemm.jit import kernels
-    monkeypatch.setenv("DEEPGEMM_BN256", "1")
+    monkeypatch.setenv("DEEPGEMM_BN256", mode)
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
     for n, k in NK[1:]:  # N = 2112 keeps 128 x 112 (fewer waves)
         m = 4096
         d = poisoned((m, n), torch.bfloat16, DEV)
-        assert kernels.make_config("dense", True, d, None, n, k, m, 1).bn == 256
+        cfg = kernels.make_config("dense", True, d, None, n, k, m, 1)
+        assert cfg.bn == 256 and cfg.rs == (mode == "2") and kernels.get_kernel(cfg)[1] == cfg  # no spill fallback
         x, y = _rand((m, k), n + 1), _rand((n, k), k + 2)
         a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
         dg.fp8_gemm_nt(a, b, d)
@@ -424,7 +426,7 @@ def test_bn256_wide_tiles(epi, monkeypatch):
             _check(d[gi, :mg], r[gi, :mg])
 
 
-@pytest.mark.parametrize("bn256", ["0", "1"])
+@pytest.mark.parametrize("bn256", ["0", "1", "2"])
 def test_tma_store_epilogue(bn256, monkeypatch):
     """DEEPGEMM_TMA_STORE=1: dense BF16 outputs leave through TMA stores of swizzled 64 x 64 boxes (clipped at
     M and N). The large DeepSeek-V3 shapes (128 x 128, or 128 x 256 with DEEPGEMM_BN256=1); unaligned M and N

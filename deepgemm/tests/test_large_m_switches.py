@@ -47,6 +47,12 @@ def test_bn256_config_and_smem(monkeypatch):
     assert kernels.make_config("dense", True, D, None, 7168, 2048, 128, 1).bn <= 128  # small M: unchanged
     monkeypatch.setenv("DEEPGEMM_BN256", "0")
     assert kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1).bn == 128
+    monkeypatch.setenv("DEEPGEMM_BN256", "2")  # A from registers: same tiles, RS WGMMAs
+    rs = kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
+    assert (rs.bn, rs.rs, rs.stages) == (256, 1, 4)
+    src = kernels.kernel_source(rs)
+    assert "struct WgmmaRS<128>" in src and "{%64, %65, %66, %67}, %68" in src and ", 0, 0, 0, 1>(" in src
+    assert kernels.make_config("dense", True, D, None, 7168, 2048, 128, 1).rs == 0  # no wide tile: no RS
     monkeypatch.setenv("DEEPGEMM_BN256", "yes")
     with pytest.raises(ValueError, match="DEEPGEMM_BN256"):
         kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
@@ -62,28 +68,28 @@ def test_bn256_forced_blocks(monkeypatch):
         kernels.make_config("dense", True, D, None, 2112, 7168, 1000, 1)
 
 
-def _bn256_configs():
-    cfgs = [kernels._make_config("dense", True, torch.bfloat16, None, n, k, 4096, 1, 132, "staged", "1",
-                                 blocks_env="128x256" if n == 2112 else "", bn256_env="1") for n, k in NK]
-    cfgs += [kernels._make_config("contiguous", True, torch.bfloat16, None, 4096, 7168, 32768, 1, 132, "staged", "1",
-                                  bn256_env="1"),
-             kernels._make_config("masked", True, torch.bfloat16, None, 4096, 7168, 256, 4, 132, "staged", "1",
-                                  bn256_env="1"),
-             kernels._make_config("dense", True, torch.float32, torch.float32, 7168, 2048, 4096, 1, 132, "staged", "1",
-                                  bn256_env="1"),
-             kernels._make_config("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "direct", "1",
-                                  bn256_env="1")]
-    assert all(c.bn == 256 for c in cfgs)
+def _bn256_configs(mode):
+    mk = kernels._make_config
+    cfgs = [mk("dense", True, torch.bfloat16, None, n, k, 4096, 1, 132, "staged", "1",
+               blocks_env="128x256" if n == 2112 else "", bn256_env=mode) for n, k in NK]
+    cfgs += [mk("contiguous", True, torch.bfloat16, None, 4096, 7168, 32768, 1, 132, "staged", "1", bn256_env=mode),
+             mk("masked", True, torch.bfloat16, None, 4096, 7168, 256, 4, 132, "staged", "1", bn256_env=mode),
+             mk("dense", True, torch.float32, torch.float32, 7168, 2048, 4096, 1, 132, "staged", "1", bn256_env=mode),
+             mk("dense", True, torch.bfloat16, torch.bfloat16, 2112, 7168, 1000, 1, 132, "staged", "1",
+                blocks_env="128x256", bn256_env=mode),
+             mk("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "direct", "1", bn256_env=mode)]
+    assert all(c.bn == 256 and c.rs == (mode == "2") for c in cfgs)
     return cfgs
 
 
 @pytest.mark.skipif(compiler.nvcc_path() is None, reason="nvcc not installed")
-def test_bn256_kernels_compile_clean(tmp_path, monkeypatch):
-    """Every kernel the switch builds for the DeepSeek-V3 shapes at M = 4096 (N = 2112 forced), grouped
-    contiguous and masked, FP32 output with C and the direct epilogue: no spills, no stack, WGMMAs not
-    serialised (ptxas C75xx), and at most the 232 registers the consumer warpgroups get."""
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_bn256_kernels_compile_clean(mode, tmp_path, monkeypatch):
+    """Every kernel the switch builds (2: A from registers) for the DeepSeek-V3 shapes at M = 4096 (N = 2112
+    forced), grouped contiguous and masked, FP32 output with C, BF16 C, the direct epilogue: no spills, no
+    stack, WGMMAs not serialised (ptxas C75xx), and at most the 232 registers the consumer warpgroups get."""
     monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path))
-    for cfg in _bn256_configs():
+    for cfg in _bn256_configs(mode):
         _, rec = compiler.build("deepgemm_kernel", kernels.kernel_source(cfg), backend="nvcc")
         assert not compiler.spills(rec.ptxas) and "0 bytes spill stores" in rec.ptxas, (cfg, rec.ptxas)
         assert "C75" not in rec.ptxas, (cfg, rec.ptxas)

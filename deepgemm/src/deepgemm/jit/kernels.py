@@ -41,7 +41,8 @@ PIPE_DEFAULT = "0"
 MULTICAST_DEFAULT = "0"
 # FP8 128 x 256 tiles at M > 128 (each consumer warpgroup: 64 rows x two 128-column halves per K block):
 # 25 % fewer L2 -> SM bytes and ~10 % less shared-memory traffic per FLOP than 128 x 128 (BENCHMARKS.md,
-# "prepared"); DEEPGEMM_BN256=0|1 overrides. Off by default: compile-checked, not yet measured.
+# "prepared"); DEEPGEMM_BN256=0|1|2 overrides (2: the same tiles with A read from registers: one ldmatrix pass
+# per K block feeds both halves' WGMMAs). Off by default: compile-checked, not yet measured.
 BN256_DEFAULT = "0"
 BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes per FLOP: 144.5 / 161)
 # Dense BF16 output, staged epilogue, BN a multiple of 64: the tile leaves through TMA stores of swizzled
@@ -82,6 +83,7 @@ class Config:
     mcast: int = 0  # 2-CTA clusters: 1 multicast B (dense, BM = 128, even M blocks); 2 multicast A (even N blocks)
     tstore: int = 0  # 1 (dense, BF16 out, staged, BN % 64 == 0): epilogue through TMA stores
     min_sms: int = 0  # 1: launch only as many CTAs as the waves of tiles need (launch_grid)
+    rs: int = 0  # 1 (FP8 BN = 256): WGMMAs take A from registers (DEEPGEMM_BN256=2)
 
     @property
     def threads(self) -> int:
@@ -209,9 +211,9 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         bm = 8 if m_hint <= 8 else 16
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, 64,
                       max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env), min_sms=min_sms)
-    if bn256_env not in ("0", "1"):
-        raise ValueError(f"DEEPGEMM_BN256: expected 0 or 1, got {bn256_env!r}")
-    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env == "1")
+    if bn256_env not in ("0", "1", "2"):
+        raise ValueError(f"DEEPGEMM_BN256: expected 0, 1 or 2, got {bn256_env!r}")
+    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0")
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
@@ -225,6 +227,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
     if pipe_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PIPE: expected 0 or 1, got {pipe_env!r}")
     wide = fp8 and bn > 128  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
+    rs = int(wide and bn256_env == "2")
     pipe = int(fp8 and not ksplit and not wide and pipe_env == "1")
     if mcast_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
@@ -237,7 +240,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         elif kind in ("dense", "masked") and ceil_div(n, bn) % 2 == 0:
             mcast = 2
     return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe,
-                  mcast, tstore, min_sms)
+                  mcast, tstore, min_sms, rs)
 
 
 # source generation
@@ -261,10 +264,36 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
     )
 
 
+def _trailing_args(cfg: Config) -> str:
+    """gemm_body's optional template arguments PIPE, MCAST, TSTORE, RS, up to the last non-zero one."""
+    vals = [cfg.pipe, cfg.mcast, cfg.tstore, cfg.rs]
+    while vals and not vals[-1]:
+        vals.pop()
+    return "".join(f", {v}" for v in vals)
+
+
+def wgmma_rs_specialisation(n: int) -> str:
+    """`WgmmaRS<N>::mma`: one FP8 m64nNk32 WGMMA with A from four registers, B from shared memory."""
+    nreg = n // 2
+    regs = ", ".join(f"%{i}" for i in range(nreg))
+    a = ", ".join(f"%{nreg + i}" for i in range(4))
+    instr = (f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs}}}, {{{a}}}, %{nreg + 4}, p, 1, 1;")
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    return (
+        "namespace dg {\n"
+        f"template <> struct WgmmaRS<{n}> {{\n"
+        f"  __device__ __forceinline__ static void mma(float (&d)[{nreg}], const u32 (&a)[4], u64 db, int scale_d) {{\n"
+        f'    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 5}, 0;\\n{instr}\\n}}\\n"\n'
+        f"      : {outs}\n"
+        f'      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));\n'
+        "  }\n};\n}  // namespace dg\n"
+    )
+
+
 def _source_fields(cfg: Config) -> dict:
     """The configuration as the source's first line records it: min_sms only sizes the grid (one kernel, one
     cache entry for both values), and a zero tstore is left out (the default kernels' first line as before)."""
-    return {k: v for k, v in asdict(cfg).items() if k != "min_sms" and not (k == "tstore" and v == 0)}
+    return {k: v for k, v in asdict(cfg).items() if k != "min_sms" and not (k in ("tstore", "rs") and v == 0)}
 
 
 def kernel_source(cfg: Config) -> str:
@@ -277,14 +306,14 @@ def kernel_source(cfg: Config) -> str:
         body = "gemm_body"
         args = (f"{cfg.kind}, {'true' if cfg.fp8 else 'false'}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, "
                 f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}"
-                + (f", {cfg.pipe}, {cfg.mcast}, 1" if cfg.tstore else f", {cfg.pipe}, {cfg.mcast}" if cfg.mcast
-                   else ", 1" if cfg.pipe else ""))
+                + _trailing_args(cfg))
         headers = compiler.read_header()
         mma_n = 128 if cfg.fp8 and cfg.bn > 128 else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
     return (
         f"// deepgemm kernel {_source_fields(cfg)}\n"
         + headers
         + "\n" + wgmma_specialisation(mma_n, cfg.fp8)
+        + (wgmma_rs_specialisation(mma_n) if cfg.rs else "")
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1)'
         + (" __cluster_dims__(2, 1, 1)" if cfg.mcast else "") + " deepgemm_kernel(\n"
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
@@ -314,8 +343,8 @@ _kernels_guard = threading.Lock()
 
 
 def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
-    """The compiled kernel for cfg and the configuration it was built with: a pipelined (PIPE) or
-    multicast kernel whose ptxas report shows spills is replaced by the plain one (launches follow
+    """The compiled kernel for cfg and the configuration it was built with: a pipelined (PIPE), multicast
+    or A-from-registers (RS) kernel whose ptxas report shows spills is replaced by the plain one (launches follow
     the returned configuration: multicast changes the grid and the tensor-map boxes)."""
     hit = _kernels.get(cfg)
     if hit is not None:
@@ -325,7 +354,7 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
         if hit is None:
             eff = cfg
             cubin, rec = _build(eff)
-            for field in ("pipe", "mcast"):  # three register tiles / the cluster bookkeeping did not fit
+            for field in ("pipe", "mcast", "rs"):  # three register tiles / cluster bookkeeping / A registers did not fit
                 if getattr(eff, field) and compiler.spills(rec.ptxas):
                     eff = replace(eff, **{field: 0})
                     cubin, rec = _build(eff)

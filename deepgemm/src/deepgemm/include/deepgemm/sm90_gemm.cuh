@@ -25,6 +25,7 @@ struct __align__(16) Vec16 { u32 x, y, z, w; };
 struct __align__(8) Float2 { float x, y; };
 
 template <int N, bool FP8> struct Wgmma;  // specialised by the JIT: mma(d, desc_a, desc_b, scale_d)
+template <int N> struct WgmmaRS;  // FP8, A from registers (the JIT specialises it): mma(d, a[4], desc_b, scale_d)
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 __device__ __forceinline__ u32 smem_addr(const void* p) {
@@ -88,6 +89,11 @@ __device__ __forceinline__ void tma_prefetch(const TmaDesc* desc) {
 __device__ __forceinline__ void named_bar_sync(u32 id, u32 threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
+// four 8 x 8 b16 matrices: lanes 8i..8i+7 give the row addresses of matrix i, which lands in r[i]
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
@@ -96,6 +102,10 @@ template <int kPending> __device__ __forceinline__ void wgmma_wait() {
 template <int R> __device__ __forceinline__ void fence_regs(float (&r)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i]) :: "memory");
+}
+template <int R> __device__ __forceinline__ void fence_regs(u32 (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i]) :: "memory");
 }
 // Shared-memory matrix descriptor: K-major tile whose rows are 128 bytes, 128-byte swizzle,
 // 8-row core groups 1024 bytes apart (tile base 1024-aligned).
@@ -233,7 +243,7 @@ struct SmemPlan {
 // aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [M, N]); it waits for the previous
 // tile's stores to have read the boxes before rewriting them, and for all of them before the CTA exits.
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
-          int PIPE = 0, int MCAST = 0, int TSTORE = 0>
+          int PIPE = 0, int MCAST = 0, int TSTORE = 0, int RS = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
@@ -263,6 +273,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   static_assert(BN % 8 == 0 && (BN <= (FP8 ? 128 : 256) || (WIDE && BN == 256)),
                 "BN: a multiple of 8, <= 128 (FP8: a tile spans <= 2 B scale blocks) or FP8 256");
   static_assert(!WIDE || (BM == 128 && !KSPLIT && !PIPE && !MCAST), "FP8 BN = 256: BM = 128, no KSPLIT/PIPE/MCAST");
+  static_assert(!RS || WIDE, "RS (A from registers): the wide FP8 tile only");
   static_assert(K % KEL == 0, "K");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -439,22 +450,42 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       // two 128-column halves per K block, one commit group each; the other consumer warpgroup's WGMMAs
       // keep the tensor cores busy while this one promotes. The tile starts on a multiple of 128, so
       // half h uses B scale sb_h (sc[2h], sc[2h + 1]) and no column boundary test is needed.
+      // RS: A's 64 x 128 slice is read once per K block into registers (ldmatrix; 16 per thread) and
+      // serves both halves, instead of each half's WGMMAs reading it from shared memory again.
       float t[64], sc[4];
+      u32 af[4][4];
+      // ldmatrix row of this lane: matrix i = lane / 8 holds rows (i % 2) * 8 + lane % 8 of the warp's 16
+      // and 16-byte K chunk i / 2 of the 32-byte K step (register i of the WGMMA A fragment)
+      const u32 lrow = (u32)(wwarp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)), lhi = (u32)(lane >> 4);
       for (int kb = 0; kb < KB; ++kb) {
         const u32 s = (it + kb) % STAGES, ph = ((it + kb) / STAGES) & 1;
         mbar_wait(bars + 8 * s, ph);
         const u32 a_addr = sA + s * A_BYTES + wrow * 64 * 128, b_addr = sB + s * B_BYTES;
         take_scales(kb, s, sc);
+        if constexpr (RS) {  // 128-byte swizzle: chunk c of row r at (c ^ r % 8) * 16; lrow % 8 == lane % 8
+#pragma unroll
+          for (int k = 0; k < 4; ++k) ldsm_x4(af[k], a_addr + lrow * 128 + ((((u32)(2 * k) + lhi) ^ (lane & 7)) << 4));
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           fence_regs(t);
+          if constexpr (RS) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) fence_regs(af[k]);
+          }
           wgmma_fence();
 #pragma unroll
-          for (int k = 0; k < 4; ++k)
-            Wgmma<BN / 2, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + h * 128 * 128 + 32 * k), k);
+          for (int k = 0; k < 4; ++k) {
+            if constexpr (RS) WgmmaRS<BN / 2>::mma(t, af[k], make_desc(b_addr + h * 128 * 128 + 32 * k), k);
+            else Wgmma<BN / 2, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + h * 128 * 128 + 32 * k), k);
+          }
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(t);
+          if constexpr (RS) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) fence_regs(af[k]);
+          }
           if (h == 1) release(s);
           const float s0 = sc[2 * h], s1 = sc[2 * h + 1];
 #pragma unroll
