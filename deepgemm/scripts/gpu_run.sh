@@ -25,7 +25,7 @@ if [ "$MODE" = tune ]; then  # forced block sizes / multicast beside the cost mo
   timeout ${TUNE_TIMEOUT:-450} python3 deepgemm/scripts/tune_blocks.py --budget ${TUNE_BUDGET:-420} --json $OUT/tune.json 2>&1 | tee $OUT/tune.log
 fi
 if [ "$MODE" != tests ] && [ "$MODE" != repro ] && [ "$MODE" != tune ]; then
-  BARGS=$([ "$MODE" = ab ] && echo "--quick ${AB_COMPARE:---compare DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&0,0&1,1&1 --compare DEEPGEMM_MIN_SMS=0,1}" || { [ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick"; })
+  BARGS=$([ "$MODE" = ab ] && echo "--quick ${AB_COMPARE:---compare DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&0,2&0,0&1,1&1,2&1 --compare DEEPGEMM_MIN_SMS=0,1}" || { [ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick"; })
   timeout ${BENCH_TIMEOUT:-300} python3 deepgemm/benchmarks/bench_gemm.py $BARGS --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -30
 fi
 python3 - <<'PY' > $OUT/compiles.txt

@@ -220,3 +220,30 @@ def test_min_sms_grid_keeps_waves(bn256):
     with pytest.raises(ValueError, match="DEEPGEMM_MIN_SMS"):
         kernels._make_config("dense", True, torch.bfloat16, None, 7168, 2048, 4096, 1, 132, "staged", "1",
                              min_sms_env="2")
+
+
+def test_rs_ldmatrix_addresses_match_wgmma_fragment():
+    """DEEPGEMM_BN256=2 loads A with ldmatrix.x4 from the 128-byte-swizzled stage (sm90_gemm.cuh, WIDE + RS):
+    lane L points at row 16w + ((L >> 3) & 1) * 8 + L % 8 of its warpgroup's 64, 16-byte chunk 2kk + (L >> 4)
+    (swizzled with L % 8). Replayed with ldmatrix's semantics (lane l gets, in register i, bytes 4(l % 4)..+3
+    of the row that lane 8i + l / 4 addressed), every register must hold the bytes that WGMMA's A fragment for
+    8-bit types puts there (CUTLASS ALayout_64x32: row 16w + l / 4 + 8(i % 2), K 4(l % 4) + 16(i / 2) + 0..3)."""
+    tile = [[(r * 131 + kb * 7) % 251 for kb in range(128)] for r in range(128)]  # stage A: 128 rows x 128 B
+    smem = [0] * (128 * 128)
+    for r in range(128):  # TMA's 128-byte swizzle on a 1024-aligned stage
+        for kb in range(128):
+            smem[r * 128 + (((kb // 16) ^ (r % 8)) * 16) + kb % 16] = tile[r][kb]
+    for wrow in range(2):
+        a_addr = wrow * 64 * 128
+        for w in range(4):
+            for kk in range(4):
+                def lane_addr(L):
+                    lrow = w * 16 + ((L >> 3) & 1) * 8 + (L & 7)
+                    return a_addr + lrow * 128 + ((((2 * kk) + (L >> 4)) ^ (L & 7)) << 4)
+                for lane in range(32):
+                    for i in range(4):
+                        base = lane_addr(8 * i + lane // 4) + (lane % 4) * 4
+                        got = smem[base:base + 4]
+                        row = wrow * 64 + 16 * w + lane // 4 + 8 * (i % 2)
+                        k0 = 32 * kk + 4 * (lane % 4) + 16 * (i // 2)
+                        assert got == tile[row][k0:k0 + 4], (wrow, w, kk, lane, i)
