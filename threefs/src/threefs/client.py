@@ -403,7 +403,16 @@ class File(io.RawIOBase):
         else:
             if ra is not None:
                 self._drop_readahead(ra)
-            if n:
+            if n and self.client.readahead and "write" not in self.flags:
+                self._top_up(n)  # this block goes out with the first readahead batch
+            ra = self._ra.pop(0) if self._ra else None
+            if ra is not None and ra[0] == self.pos and ra[1] == n:
+                got = self.client.storage.finish_read(ra[5], ra[2], ra[3], ra[4], mv[:n])
+                if got < n:
+                    mv[got:n] = bytes(n - got)
+            elif n:
+                if ra is not None:
+                    self._drop_readahead(ra)
                 self.client.read_into(self.attrs, self.pos, mv[:n])
         self.pos += n
         if n and self.client.readahead and "write" not in self.flags:
@@ -414,13 +423,16 @@ class File(io.RawIOBase):
         """Keep the readahead window filled with blocks of n bytes. Over TCP: `readahead`
         blocks, one request each (on random replicas: several serve at once). Short-circuit:
         a window of 4 x `readahead` blocks, refilled when half-empty with one request per node
-        (a descriptor per block: no bytes move until they are read)."""
+        for half a window (a descriptor per block: no bytes move until they are read). A read
+        that finds no prefetched block starts the window at its own block, so that this block
+        goes out with the first batch."""
         ra, sc = self.client.readahead, self.client.storage.sc is not None
         if len(self._ra) >= (2 * ra + 1 if sc else ra):
             return
         nxt = self._ra[-1][0] + self._ra[-1][1] if self._ra else self.pos
         want = []
-        for _ in range((4 * ra if sc else ra) - len(self._ra)):
+        for _ in range(min(4 * ra, 2 * ra + len(self._ra)) - len(self._ra) if sc
+                       else ra - len(self._ra)):  # short-circuit: batches of half a window
             k = min(n, self.size - nxt)
             if k < (64 << 10):
                 break
