@@ -361,7 +361,26 @@ def parse_addr(addr) -> tuple[str, int]:
     return host, int(port)
 
 
-class Server:
+class Listener:
+    """Base of the servers: `sock` listens, `_conns` (under `_lock`) holds the accepted sockets,
+    accept loops end once `_stop` is set. stop() closes the listener and shuts every connection down."""
+
+    def stop(self):
+        self._stop = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        with self._lock:
+            for c in list(self._conns):
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class Server(Listener):
     """Threaded RPC server. handler(method: str, args: dict, data) -> (dict, data|None).
 
     The handler raises RpcError for answered errors; anything else becomes 'INTERNAL'.
@@ -435,19 +454,6 @@ class Server:
                 self._conns.discard(s)
             (ch.close() if ch else s.close())
 
-    def stop(self):
-        self._stop = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        with self._lock:
-            for c in list(self._conns):
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 class Client:

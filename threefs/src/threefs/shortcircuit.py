@@ -59,7 +59,7 @@ class Fallback(Exception):
 
 
 # --- server side (in the storage node) ------------------------------------------------------------
-class Server:
+class Server(rpc.Listener):
     """Accepts short-circuit connections for `node` (a StorageNode: node.sc_open(args) ->
     (result dict, engine span) and node.addr / node.id)."""
 
@@ -164,20 +164,6 @@ class Server:
     def _count(self, d: int):
         with self._lock:
             self.stats["leases"] += d
-
-    def stop(self):
-        self._stop = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        with self._lock:
-            for c in list(self._conns):
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 # --- client side ---------------------------------------------------------------------------------
