@@ -35,6 +35,20 @@ def _check(d, ref_out, orig=None):
         assert dg.calc_diff(d, orig) < TOL_ORIG
 
 
+def _assert_replays_match(step, d, times):
+    """step() (already run eagerly: d holds its result) captured in a CUDA graph and replayed `times`
+    times over a NaN-poisoned d: every replay must reproduce the eager result bit for bit."""
+    eager = d.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(times):
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(d, eager)
+
+
 def _check_fp8_with_c(m, n, k, x_seed, y_seed):
     """One FP8 dense GEMM with an FP32 C into poisoned BF16, against the reference."""
     x, y = _rand((m, k), x_seed), _rand((n, k), y_seed)
@@ -352,15 +366,7 @@ def test_multicast_dense(epi, monkeypatch):
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
     d = poisoned((m, n), torch.bfloat16, DEV)
     dg.fp8_gemm_nt(a, b, d)
-    eager = d.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dg.fp8_gemm_nt(a, b, d)
-    for _ in range(20):
-        d.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(d, eager)
+    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 20)
     # small M, and M blocks that do not pair up: pairs along N share A (mcast 2), K split included
     for m, n, k in [(1, 4096, 7168), (5, 7168, 2048), (64, 7168, 2048), (100, 2112, 7168), (3900, 4096, 7168)]:
         d = poisoned((m, n), torch.bfloat16, DEV)
@@ -480,15 +486,7 @@ def test_tma_store_epilogue(bn256, monkeypatch):
         r = torch.empty(m, n, device=DEV)
         ref.ref_gemm_nt(*a, *b, r)
         _check(d, r)
-        eager = d.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            dg.fp8_gemm_nt(a, b, d)
-        for _ in range(10):
-            d.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(d, eager)
+        _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
     finally:
         dg.set_num_sms(old)
 
