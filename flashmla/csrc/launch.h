@@ -53,9 +53,13 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
 // The same for the FP8 cache (mla_decode_wgmma_fp8.cu): -1 without launching when a.is_fp8 is
 // false, the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
+// Swap-AB FP8 kernel for few query rows (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab): -1
+// without launching when a.is_fp8 is false, s_q * h_q > 16, the pages are not back to back or the
+// pointers are not 16-byte aligned.
+int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream);
 const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
                                 int* num_splits, void* stream);
 bool fp8_kernel_built();
-const char* last_kernel();  // "default" or "wgmma": the main kernel of the last launch_mla_decode
+const char* last_kernel();  // "default", "wgmma" or "swapab": the main kernel of the last launch_mla_decode
 
 }  // namespace flashmla

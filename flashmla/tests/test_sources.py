@@ -40,3 +40,13 @@ def test_fp8_wgmma_layout_model_passes_and_catches_mutants():
     res = _model("wgmma_fp8_layout_model.py", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "all 6 mutants caught" in res.stdout
+
+
+def test_swapab_fp8_model_passes_and_catches_mutants():
+    """CPU model of the swap-AB FP8 kernel (csrc/models/swapab_fp8_model.py): its layouts, fragments
+    and reductions reproduce attention on dequantize_kvcache, its mbarrier / named-barrier protocol
+    passes over random schedules, and each deliberately broken offset, count, wait or buffer is caught."""
+    res = _model("swapab_fp8_model.py", "--trials", "100", "--mutants")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all 14 mutants caught" in res.stdout
+

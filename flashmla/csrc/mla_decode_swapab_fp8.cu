@@ -1,0 +1,457 @@
+// MLA decode, sm_90a, FP8 cache, few query rows (FLASHMLA_KERNEL=swapab; s_q * h_q <= 16, h_kv = 1).
+// Swap-AB: the page's 64 keys are the wgmma M dimension and the query rows the N dimension (16), so
+// 16 rows cost 16 columns of tensor work instead of a 64-row tile padded from 16 (the FP8 wgmma
+// kernel). Same DecodeArgs, metadata, split partials, lse and combine kernel as the other kernels.
+//
+// One CTA = one scheduler part, 288 threads:
+//   warp 8 (producer, one thread): TMA of the request's 16 Q rows (once per request, after its first
+//     page's chunks; tensor map with a 64 x 16 box, 128B swizzle, 9 slabs of 2 KiB; q_full: expect_tx
+//     + bytes, q_empty: 128 consumer arrivals after the request's last S) and cp.async.bulk of the raw FP8 page in 4
+//     chunks of 16 tokens (10,496 contiguous bytes each) into a ring of NCH chunk slots
+//     (raw_full[c]: expect_tx + bytes; raw_empty[c]: 128 dequantiser arrivals); plus
+//     cp.async.bulk.prefetch.L2 of the page PF pages ahead.
+//   WG0 (dequantiser, 128 threads): per page, waits empty[s] of the bf16 stage, then per chunk
+//     raw_full -> NoPE e4m3 x fp32 scale (one per 128 columns), rounded once to bf16 (as
+//     dequantize_kvcache does), RoPE bf16 copied; 128B-swizzled K-major rows (the layout TMA gives
+//     the BF16 kernels); token rows past the request's length written as zeros; arrive raw_empty.
+//     After the 4 chunks: fence.proxy.async, arrive full[s] (128 arrivals).
+//   WG1 (consumer, 128 threads):
+//     S^T[64 keys x 16 rows] = K[64 x 576] Q^T: 36 x wgmma m64n16k16 (A = bf16 stage, K-major;
+//       B = Q, K-major, N = 16), 8 fp32 per thread (2 keys x 4 rows).
+//     softmax over keys (= over M): per row max across lanes (xor 4/8/16) and the 4 warps (sMax, by
+//       page parity), online max in the exp2 domain; the row sums stay per-thread partials (every
+//       thread rescales its own by the same alpha) and are reduced once in the epilogue.
+//     P^T [16 rows x 64 keys] bf16 to shared memory as the K-major B operand of P V (and the lo
+//       plane bf16(p - hi) for requests shorter than a.p_bf16_min_keys, as the other kernels).
+//     O^T[512 x 16] += V^T P^T: 8 m-tiles x 4 k-steps of m64n16k16 (A = V^T: the stage's first 8
+//       slabs read MN-major, trans-a), 64 fp32 accumulators per thread.
+//     epilogue: row sums across lanes and warps (sL, by request parity), out / lse or the split
+//       partials oacc / lacc.
+// Shared memory (225,408 bytes with the 1 KiB alignment slack):
+//   [0, 144 KiB) 2 bf16 stages of 9 slabs (64 x 128 B) | 18 KiB Q (9 slabs of 16 rows) |
+//   NCH x 10,496 B raw chunk ring (padded to 1 KiB) | 2 KiB P^T hi + 2 KiB P^T lo | 128 B mbarriers
+//   | sMax[2][4][16], sL[2][4][16] fp32.
+// CPU models: csrc/models/swapab_fp8_model.py (layouts, fragments, protocol; update together).
+#include "wgmma_common.cuh"
+
+#include <cuda_fp8.h>
+
+namespace flashmla {
+namespace {
+
+constexpr int SAB_TOKEN = 656, SAB_PAGE = PAGE * SAB_TOKEN;   // FP8 bytes per token / per page
+constexpr int CH_TOK = 16, CH_BYTES = CH_TOK * SAB_TOKEN;       // a raw chunk: 16 tokens, 10,496 B
+constexpr int NCH = 5;                                          // raw ring: chunk slots
+constexpr int SAB_ROWS = 16, QSLAB = SAB_ROWS * 128;            // Q slab: 16 rows x 64 bf16
+constexpr int SAB_PF = 4;                                       // L2 prefetch distance in pages
+constexpr int SAB_THREADS = 288;
+constexpr int S_OFF_K = 0, S_OFF_Q = 2 * TILE, S_OFF_RAW = S_OFF_Q + NSLAB * QSLAB;
+constexpr int S_OFF_P = (S_OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, S_OFF_MISC = S_OFF_P + 2 * QSLAB;
+constexpr int S_NBAR = 2 * NCH + 6;  // raw_full[NCH], raw_empty[NCH], full[2], empty[2], q_full, q_empty
+constexpr int S_MISC = 128 + 2 * 2 * 4 * 16 * 4;
+constexpr int S_SMEM = S_OFF_MISC + S_MISC + 1024;
+static_assert(S_NBAR * 8 <= 128, "mbarriers overflow their 128 bytes");
+static_assert(S_SMEM <= 232448, "shared memory over the sm_90 limit");
+static_assert(CH_BYTES % 16 == 0 && S_OFF_RAW % 16 == 0, "bulk copies need 16-byte sizes and addresses");
+// named barriers of the consumer warpgroup (0 is __syncthreads)
+constexpr int BAR_SMAX = 1, BAR_PT = 2, BAR_SL = 3;
+
+// D[64x16] += A[64x16] B[16x16], bf16 in, fp32 accumulate, A and B from shared memory (descriptors),
+// B K-major; TA: A MN-major (transposed), else K-major.
+template <int TA>
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(1), "n"(TA));
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+__device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+// two e4m3 (16 bits) -> two bf16 of value * sc (e4m3 -> f16 is exact; scaled in fp32, rounded once)
+__device__ __forceinline__ uint32_t dq2s(uint32_t two, float sc) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack_bf16(f.x * sc, f.y * sc);
+}
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(x);
+  return *reinterpret_cast<const uint16_t*>(&h);
+}
+
+struct SabCta {
+  uint32_t uK, uQ, uRaw, uP, uBar;
+  float *sMax, *sL;  // [2][4 warps][16 rows] each
+  int m, b0, k0, b1, k1, first, last;
+  __device__ uint32_t raw_full(int c) const { return uBar + 8 * c; }
+  __device__ uint32_t raw_empty(int c) const { return uBar + 8 * (NCH + c); }
+  __device__ uint32_t full(int s) const { return uBar + 16 * NCH + 8 * s; }
+  __device__ uint32_t empty(int s) const { return uBar + 16 * NCH + 16 + 8 * s; }
+  __device__ uint32_t q_full() const { return uBar + 16 * NCH + 32; }
+  __device__ uint32_t q_empty() const { return uBar + 16 * NCH + 40; }
+};
+
+// ---------------------------------------------------------------- producer (one thread)
+__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta& c, const CUtensorMap* tmQ) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
+  const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
+  int slot = 0, phase = 0, qn = 0;
+  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
+    if (w.split && w.g >= a.batch + a.parts) break;
+    if (w.kbeg >= w.kend) continue;
+    const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+    for (int p = w.kbeg + 1; p < min(w.kbeg + SAB_PF, w.kend); ++p)
+      prefetch_l2_bulk(kc8 + (int64_t)bt[p] * a.kcache_block_stride, SAB_PAGE);
+    for (int blk = w.kbeg; blk < w.kend; ++blk) {
+      if (blk + SAB_PF < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + SAB_PF] * a.kcache_block_stride, SAB_PAGE);
+      const uint8_t* page = kc8 + (int64_t)bt[blk] * a.kcache_block_stride;
+      for (int q = 0; q < PAGE / CH_TOK; ++q) {
+        mbar_wait(c.raw_empty(slot), phase ^ 1);
+        mbar_expect_tx(c.raw_full(slot), CH_BYTES);
+        bulk_copy(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot));
+        if (++slot == NCH) slot = 0, phase ^= 1;
+      }
+      // Q after the first page's chunks: those only wait for the dequantiser to free ring slots, so
+      // they are in flight while the consumer still runs S on the previous request's last page
+      if (blk == w.kbeg) {
+        mbar_wait(c.q_empty(), (qn & 1) ^ 1);  // the consumer is done with the previous request's Q
+        mbar_expect_tx(c.q_full(), NSLAB * QSLAB);
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * QSLAB, tmQ, j * 64, b * c.m, c.q_full());
+        ++qn;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- dequantiser (WG0, t = 0..127)
+// NoPE: thread t takes the 16 fp8 columns 16cc.. (cc = lane) of tokens w + 4i (w = warp, i = 0..3)
+// of each chunk; its two 16-byte stores go to units 2(cc&3), 2(cc&3)+1 of slab cc>>2, the odd
+// slabs' lanes storing their second unit first, so that each quarter warp's store hits 8 distinct
+// units (conflict-free). RoPE: thread t copies 16 bytes (unit t&7) of token t>>3.
+__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta& c, int t) {
+  const int w4 = t >> 5, cc = t & 31;
+  const bool odd = (cc >> 2) & 1;
+  const int ua = 2 * (cc & 3);              // unit of columns 16cc..+7; ua + 1: 16cc+8..+15
+  const int rtk = t >> 3, ru = t & 7;       // RoPE token and unit
+  int it = 0, slot = 0, phase = 0;
+  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
+    if (w.split && w.g >= a.batch + a.parts) break;
+    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+      const int s = it & 1, valid = w.L - blk * PAGE;
+      const uint32_t st = c.uK + s * TILE;
+      mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it-2
+#pragma unroll 1
+      for (int q = 0; q < PAGE / CH_TOK; ++q) {
+        mbar_wait(c.raw_full(slot), phase);
+        const uint32_t src = c.uRaw + slot * CH_BYTES;
+        uint4 v[4];
+        float sc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tk = w4 + 4 * i;
+          v[i] = lds128(src + tk * SAB_TOKEN + cc * 16);
+          sc[i] = lds_f32(src + tk * SAB_TOKEN + D_V + (cc >> 3) * 4);
+        }
+        uint4 rope = lds128(src + rtk * SAB_TOKEN + D_V + 16 + ru * 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = q * CH_TOK + w4 + 4 * i;
+          if (row >= valid) v[i] = make_uint4(0, 0, 0, 0), sc[i] = 0.f;  // NaN x 0 would stay NaN
+          const uint32_t x0 = dq2s(v[i].x & 0xffffu, sc[i]), x1 = dq2s(v[i].x >> 16, sc[i]);
+          const uint32_t x2 = dq2s(v[i].y & 0xffffu, sc[i]), x3 = dq2s(v[i].y >> 16, sc[i]);
+          const uint32_t y0 = dq2s(v[i].z & 0xffffu, sc[i]), y1 = dq2s(v[i].z >> 16, sc[i]);
+          const uint32_t y2 = dq2s(v[i].w & 0xffffu, sc[i]), y3 = dq2s(v[i].w >> 16, sc[i]);
+          const uint32_t rb = st + (cc >> 2) * SLAB + row * 128;
+          const int r7 = row & 7;
+          if (!odd) {
+            sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
+            sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
+          } else {
+            sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
+            sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
+          }
+        }
+        {
+          const int row = q * CH_TOK + rtk;
+          if (row >= valid) rope = make_uint4(0, 0, 0, 0);
+          sts128(st + 8 * SLAB + row * 128 + ((ru ^ (row & 7)) << 4), rope.x, rope.y, rope.z, rope.w);
+        }
+        mbar_arrive(c.raw_empty(slot));  // our reads of the slot are done (their values are stored)
+        if (++slot == NCH) slot = 0, phase ^= 1;
+      }
+      fence_async_smem();  // generic-proxy stores -> visible to wgmma
+      mbar_arrive(c.full(s));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- consumer (WG1, t = 0..127)
+// Accumulator fragment of m64n16 (per thread, index j*4 + h*2 + e): M row w*16 + gq + 8h, N column
+// 8j + 2cq + e. S^T: M = key of the page, N = query row. O^T: M = value column (+ 64 per m-tile).
+template <bool LO>
+__device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c, const Work& w, int b, int t,
+                                            int& it, int& qn, int& pg, int& rq) {
+  const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const float scale_log2 = a.softmax_scale * LOG2E;
+  float o[8][8];
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[mt][i] = 0.f;
+  float mrow[4], lrow[4];
+  int lim[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // column k = 2j + e: query row n = 8j + 2cq + e
+    const int n = 8 * (k >> 1) + 2 * cq + (k & 1);
+    mrow[k] = NEG_INF, lrow[k] = 0.f;
+    lim[k] = (a.causal && n < c.m) ? min(w.L, w.L - a.s_q + 1 + n / a.h_q) : w.L;
+  }
+  const bool has_pages = w.kbeg < w.kend;
+  if (has_pages) mbar_wait(c.q_full(), qn & 1);
+  qn += has_pages;
+  for (int blk = w.kbeg; blk < w.kend; ++blk, ++it, ++pg) {
+    const int s = it & 1;
+    const uint32_t uKs = c.uK + s * TILE;
+    mbar_wait(c.full(s), (it >> 1) & 1);
+    // ---- S^T = K Q^T
+    float sacc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sacc[i] = 0.f;
+    fence_regs(sacc);
+    wgmma_fence();
+    const uint64_t dk = desc_kmajor(uKs), dq = desc_kmajor(c.uQ);
+#pragma unroll
+    for (int kk = 0; kk < D_QK / 16; ++kk)
+      wgmma_m64n16k16<0>(sacc, dk + (((kk >> 2) * SLAB + (kk & 3) * 32) >> 4),
+                         dq + (((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4));
+    wgmma_commit();
+    wgmma_wait0();
+    fence_regs(sacc);
+    if (blk == w.kend - 1) mbar_arrive(c.q_empty());
+    // ---- mask, scale, column max over the 64 keys
+    float mx[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+    const int key0 = blk * PAGE + w4 * 16 + gq;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
+      const float v = key0 + 8 * h < lim[k] ? sacc[i] * scale_log2 : NEG_INF;
+      sacc[i] = v;
+      mx[k] = fmaxf(mx[k], v);
+    }
+    float* smx = c.sMax + (pg & 1) * 64;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
+    }
+    if (gq == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        *reinterpret_cast<float2*>(smx + w4 * 16 + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
+    }
+    bar_sync(BAR_SMAX, 128);  // also: every warp is past the previous page's P V (P^T is free)
+    float al[4], muse[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float2 m4 = *reinterpret_cast<const float2*>(smx + 8 * j + 2 * cq);
+#pragma unroll
+      for (int ww = 1; ww < 4; ++ww) {
+        const float2 x = *reinterpret_cast<const float2*>(smx + ww * 16 + 8 * j + 2 * cq);
+        m4.x = fmaxf(m4.x, x.x), m4.y = fmaxf(m4.y, x.y);
+      }
+      mx[2 * j] = m4.x, mx[2 * j + 1] = m4.y;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float mn = fmaxf(mrow[k], mx[k]);
+      muse[k] = mn == NEG_INF ? 0.f : mn;
+      al[k] = exp2_ftz(mrow[k] - muse[k]);
+      mrow[k] = mn;
+      lrow[k] *= al[k];
+    }
+    // ---- P^T[n][key] (bf16 hi, and lo) into the K-major B operand of P V
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
+      const int n = 8 * (i >> 2) + 2 * cq + (i & 1);
+      const float p = exp2_ftz(sacc[i] - muse[k]);
+      lrow[k] += p;
+      const uint32_t off = swz128(n, w4 * 16 + gq + 8 * h);
+      const uint16_t hi = bf16_bits(p);
+      sts16(c.uP + off, hi);
+      if (LO) sts16(c.uP + QSLAB + off, bf16_bits(p - __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&hi))));
+    }
+    fence_async_smem();
+    bar_sync(BAR_PT, 128);
+    // ---- O^T = alpha O^T + V^T P^T
+    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f)) {
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)];
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+    wgmma_fence();
+    const uint64_t dv = desc_mnmajor(uKs), dph = desc_kmajor(c.uP), dpl = desc_kmajor(c.uP + QSLAB);
+#pragma unroll
+    for (int ks = 0; ks < PAGE / 16; ++ks)
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        wgmma_m64n16k16<1>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dph + ks * 2);
+        if (LO) wgmma_m64n16k16<1>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dpl + ks * 2);
+      }
+    wgmma_commit();
+    wgmma_wait0();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+    mbar_arrive(c.empty(s));
+  }
+
+  // ---- epilogue: row sums over lanes and warps, then out / lse (or the split partials)
+  float* sl = c.sL + (rq & 1) * 64;
+  ++rq;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 4);
+    lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 8);
+    lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 16);
+  }
+  if (gq == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      *reinterpret_cast<float2*>(sl + w4 * 16 + 8 * j + 2 * cq) = make_float2(lrow[2 * j], lrow[2 * j + 1]);
+  }
+  bar_sync(BAR_SL, 128);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int n = 8 * (k >> 1) + 2 * cq + (k & 1);
+    const float l = sl[n] + sl[16 + n] + sl[32 + n] + sl[48 + n];
+    if (n >= c.m) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int idx0 = (k >> 1) * 4 + (k & 1);  // fragment index of (h = 0, this column)
+    if (!w.split) {
+      __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * c.m + n) * D_V + w4 * 16 + gq;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        orow[mt * 64] = __float2bfloat16_rn(o[mt][idx0] * inv);
+        orow[mt * 64 + 8] = __float2bfloat16_rn(o[mt][idx0 + 2] * inv);
+      }
+    } else {
+      float* orow = a.oacc + ((int64_t)w.g * c.m + n) * D_V + w4 * 16 + gq;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        orow[mt * 64] = o[mt][idx0] * inv;
+        orow[mt * 64 + 8] = o[mt][idx0 + 2] * inv;
+      }
+    }
+    if (w4 == 0 && gq == 0) {
+      const bool empty = !(l > 0.f);
+      const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[k] + log2f(l)) * LN2;
+      const int i = n / a.h_q, hh = n - i * a.h_q;
+      if (!w.split) a.lse[(int64_t)b * c.m + hh * a.s_q + i] = lse;
+      else a.lacc[(int64_t)w.g * c.m + n] = lse;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(SAB_THREADS, 1)
+    mla_decode_swapab_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
+  SabCta c;
+  c.uK = base + S_OFF_K, c.uQ = base + S_OFF_Q, c.uRaw = base + S_OFF_RAW, c.uP = base + S_OFF_P;
+  c.uBar = base + S_OFF_MISC;
+  c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + S_OFF_MISC + 128);
+  c.sL = c.sMax + 128;
+  c.m = a.s_q * a.h_q;
+  const int* meta = a.meta + blockIdx.y * 8;
+  c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
+  if (c.b0 < 0 || c.b0 >= a.batch || c.b1 > a.batch || c.first < 0 || (c.b0 == c.b1 && c.k0 == c.k1)) return;
+  c.last = c.k1 > 0 ? c.b1 : c.b1 - 1;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < NCH; ++i) {
+      mbar_init(c.raw_full(i), 1);
+      mbar_init(c.raw_empty(i), 128);
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(c.full(s), 128);
+      mbar_init(c.empty(s), 128);
+    }
+    mbar_init(c.q_full(), 1);
+    mbar_init(c.q_empty(), 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_async_smem();
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5;
+  if (warp == 8) {
+    if ((threadIdx.x & 31) == 0) sab_producer(a, c, &tmQ);
+    return;
+  }
+  if (warp < 4) {
+    sab_dequant(a, c, threadIdx.x);
+    return;
+  }
+  const int t = threadIdx.x - 128;
+  int it = 0, qn = 0, pg = 0, rq = 0;
+  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
+    if (w.split && w.g >= a.batch + a.parts) break;
+    if (w.L < a.p_bf16_min_keys) sab_request<true>(a, c, w, b, t, it, qn, pg, rq);
+    else sab_request<false>(a, c, w, b, t, it, qn, pg, rq);
+  }
+}
+
+}  // namespace
+
+int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream) {
+  // FP8 cache, at most 16 query rows, pages back to back (bulk copies of 16 tokens), 16-byte
+  // aligned pointers; otherwise -1 (the caller runs the default kernel)
+  const int m = a.s_q * a.h_q;
+  if (!a.is_fp8 || m > SAB_ROWS || m < 1 || a.kcache_block_stride != (int64_t)SAB_PAGE ||
+      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
+    return -1;
+  auto fn = encode_tiled();
+  if (!fn) return -1;
+  // Q as rows of 576 bf16, boxes of 16 rows x 64 columns, 128B swizzle (rows past the tensor read 0;
+  // rows of the next request are finite and only reach the padding columns of S^T and O^T)
+  alignas(64) CUtensorMap tmQ;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(D_QK), static_cast<cuuint64_t>(a.batch) * m};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(D_QK * 2)};
+  cuuint32_t box[2] = {64, SAB_ROWS}, estr[2] = {1, 1};
+  if (fn(&tmQ, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(a.q), dims, strides, box, estr,
+         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return -1;
+  cudaError_t e =
+      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S_SMEM);
+  if (e != cudaSuccess) return e;
+  mla_decode_swapab_fp8_kernel<<<dim3(1, a.parts), SAB_THREADS, S_SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
+  return cudaGetLastError();
+}
+
+}  // namespace flashmla
