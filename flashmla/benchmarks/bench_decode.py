@@ -9,7 +9,7 @@ Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per tok
 2·h_q·s_q·Σseqlen·(576 + 512). Times are medians of CUDA-graph replays (triton do_bench_cudagraph).
 
     python flashmla/benchmarks/bench_decode.py [--quick] [--json PATH] [--kernels auto,default,wgmma]
-        [--fp8 [--fp8-kernels default,wgmma] [--fp8-only]]
+        [--fp8 [--fp8-kernels default,wgmma,swapab] [--fp8-heads 8,16,32,64,128] [--fp8-only]]
 
 --kernels times each listed kernel variant (FLASHMLA_KERNEL; auto = what a user gets, the default
 of the flag; a variant may add launcher settings, e.g. wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_L2_PREFETCH=1)
@@ -17,7 +17,9 @@ on every shape; the first is "ours"
 in the table, each further one gets its own columns (time, TFLOPS, speed relative to the first)
 after its output was checked against the first's. --fp8 adds the FP8-cache table: BF16 cache under
 the first --kernels value beside the FP8 cache under each --fp8-kernels value (default,wgmma: the
-mma.sync FP8 path and the FP8 wgmma variant), each FP8 variant timed after agreeing with the first.
+mma.sync FP8 path and the FP8 wgmma variant; swapab: the swap-AB FP8 kernel, which runs at h_q <= 16
+and falls back to the default kernel above; the "ran" column says which ran), each FP8 variant timed
+after agreeing with the first. --fp8-heads sets the h_q values of that table.
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ def parse_variant(spec):
     """'wgmma+FLASHMLA_WGMMA_SPLIT=128' -> ('wgmma', {'FLASHMLA_WGMMA_SPLIT': '128'}), or None."""
     name, *sets = spec.split("+")
     env = dict(kv.split("=", 1) for kv in sets if "=" in kv)
-    ok = name in ("auto", "default", "wgmma") and len(env) == len(sets) and all(k in KNOBS for k in env)
+    ok = name in ("auto", "default", "wgmma", "swapab") and len(env) == len(sets) and all(k in KNOBS for k in env)
     return (name, env) if ok else None
 
 
@@ -88,7 +90,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
     ap.add_argument("--fp8-kernels", default="default,wgmma",
-                    help="FLASHMLA_KERNEL variants the FP8 cache is timed under (comma-separated)")
+                    help="FLASHMLA_KERNEL variants the FP8 cache is timed under (comma-separated; swapab: the "
+                         "swap-AB kernel at <= 16 query rows, the default kernel above)")
+    ap.add_argument("--fp8-heads", default="16,32,64,128", help="h_q values of the FP8 table (comma-separated)")
     ap.add_argument("--fp8-only", action="store_true", help="skip the BF16 table (with --fp8)")
     ap.add_argument("--compare-ksplit", action="store_true",
                     help="for s_q*h_q <= 32 also time the key-split S phase (FLASHMLA_KSPLIT=0)")
@@ -104,10 +108,10 @@ def main():
     bad = [k for k in kernels if parse_variant(k) is None]
     if not kernels or bad:
         ap.error(f"--kernels: expected comma-separated variants NAME[+VAR=VALUE...] with NAME in auto,default,"
-                 f"wgmma and VAR in {','.join(KNOBS)}, got {args.kernels!r}")
+                 f"wgmma,swapab and VAR in {','.join(KNOBS)}, got {args.kernels!r}")
     fp8_kernels = [k.strip() for k in args.fp8_kernels.split(",") if k.strip()]
     if not fp8_kernels or any(parse_variant(k) is None for k in fp8_kernels):
-        ap.error(f"--fp8-kernels: expected a comma-separated subset of auto,default,wgmma, got {args.fp8_kernels!r}")
+        ap.error(f"--fp8-kernels: expected a comma-separated subset of auto,default,wgmma,swapab, got {args.fp8_kernels!r}")
     use_variant(kernels[0])
     labels = [k if len(k) <= 8 else f"var{i}" for i, k in enumerate(kernels)]
     for k, lab in zip(kernels, labels):
@@ -256,7 +260,7 @@ def main():
         print(f"\nFP8 cache vs BF16 cache (uniform, s_q = 1; BF16 under FLASHMLA_KERNEL={kernels[0]}, FP8 under "
               f"{', '.join(fk)}; speed = BF16 time / FP8 time; an FP8 variant is timed after its output agrees "
               f"with the first's, cosine > 1 - 1e-5)")
-        for batch, L, h_q in itertools.product([64, 128], [4096, 16384], [16, 32, 64, 128]):
+        for batch, L, h_q in itertools.product([64, 128], [4096, 16384], [int(h) for h in args.fp8_heads.split(",")]):
             q, kc, bt, sl = make_inputs(batch, L, h_q, 1, device="cuda", seed=2, poison=False)
             k8 = flashmla.quantize_kvcache(kc)
             meta, splits = flashmla.get_mla_metadata(sl, h_q, 1)

@@ -4,9 +4,10 @@
 #   ab: the wgmma launcher settings side by side instead of steps 2-4, see below)
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
-# 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone);
+# 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone); 2c. and for
+# the swap-AB FP8 kernel (smoke_swapab.log);
 # 3. all GPU tests (both kernels, BF16 and FP8); 4. bench_decode.py --kernels auto,default, quick
-# table + the FP8 table (FP8 under default and wgmma beside BF16), then the full one until 570 s.
+# table + the FP8 table (FP8 under default, wgmma and swapab beside BF16), then the full one until 570 s.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -40,7 +41,7 @@ if [ "${2:-}" = ab ]; then
     --shapes "${AB_SHAPES:-64,128;4096,16384;16,32,64,128;1,2;uniform}" --json "$OUT/bench_ab.json" 2>&1 | tee "$OUT/bench_ab.log"
   exit 0
 fi
-KERNELS=auto,default; FP8_KERNELS=default,wgmma; EXCL=()
+KERNELS=auto,default; FP8_KERNELS=default,wgmma,swapab; EXCL=()
 timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
   -k "(test_wgmma_matches_default_kernel and not fp8) or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1
 rc=$?; echo "wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke.log"))"
@@ -53,8 +54,17 @@ timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovi
 rc=$?; echo "fp8 wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke_fp8.log"))"
 grep -E "^(FAILED|E  )" "$OUT/smoke_fp8.log" | head -8
 if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_fp8.log"; then
-  echo "fp8 wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; FP8_KERNELS=default
+  echo "fp8 wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; FP8_KERNELS=${FP8_KERNELS/wgmma,/}
   EXCL+=("(fp8 and wgmma)")
+fi
+# 2c. the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, <= 16 query rows; first run ever): same treatment
+timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
+  -k "test_fp8_swapab_matches_default_kernel or (test_fp8_swapab_sweep and 7-65)" >"$OUT/smoke_swapab.log" 2>&1
+rc=$?; echo "fp8 swapab smoke: rc=$rc ($(tail -1 "$OUT/smoke_swapab.log"))"
+grep -E "^(FAILED|E  )" "$OUT/smoke_swapab.log" | head -8
+if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_swapab.log"; then
+  echo "fp8 swapab kernel hangs or crashes: dropped from the tests and the benchmark"
+  FP8_KERNELS=${FP8_KERNELS%,swapab}; EXCL+=("swapab")
 fi
 SEL=()
 if [ ${#EXCL[@]} -gt 0 ]; then expr="not ${EXCL[0]}"; for e in "${EXCL[@]:1}"; do expr="$expr and not $e"; done; SEL=(-k "$expr"); fi

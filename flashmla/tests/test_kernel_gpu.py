@@ -74,6 +74,8 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
     auto_rows = flashmla.api._C.auto_wgmma_min_rows(fp8)
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
+    if sel == "swapab":  # the swap-AB kernel takes an FP8 cache of at most 16 query rows, else the default
+        want = "swapab" if fp8 and s_q * h_q <= 16 else "default"
     assert flashmla.api._C.last_kernel() == want
     return res
 
@@ -322,3 +324,115 @@ def test_p_rounding_threshold(kernel_name, monkeypatch):
     cos = torch.nn.functional.cosine_similarity(rounded.float().flatten(), ro.flatten(), dim=0)
     assert cos > 1 - 1e-5
     assert torch.equal(torch.isinf(lse2), torch.isinf(rl))
+
+
+# ---- the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab, s_q * h_q <= 16)
+SWAPAB_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3)]))
+
+
+def poison_fp8_tails(k8, bt, sl):
+    """0xFF (NaN e4m3 values and NaN fp32 scales) in every cache slot of the requests' last pages
+    past their lengths, beyond the NaN that make_inputs already put in the bf16 cache."""
+    for b, L in enumerate(sl.tolist()):
+        if L % 64:
+            k8[bt[b, L // 64].item(), L % 64:] = 0xFF
+
+
+@pytest.mark.parametrize("batch,seqlen,hs", SWAPAB_SWEEP)
+def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
+    """FP8 cache under the swap-AB kernel vs the reference on the dequantised cache (the BF16
+    tolerances), ragged lengths incl. 0, NaN bytes past every length, causal when s_q > 1."""
+    need_kernel()
+    h_q, s_q = hs
+    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    seed = hash((batch, seqlen, h_q, s_q, "swapab")) % 10000
+    rng = random.Random(seed)
+    lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
+    q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
+    k8 = flashmla.quantize_kvcache(kc)
+    poison_fp8_tails(k8, bt, sl)
+    out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    check(out, lse, ro, rl)
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1)])
+def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
+    """Swap-AB against the default kernel on one quantised cache: both sides of the exact-P
+    threshold (1024 keys), page-aligned and 1/63-token tails (0xFF past them), a zero-length request
+    (out 0, lse +inf) and a long request split over several parts."""
+    need_kernel()
+    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=17 * h_q + s_q)
+    k8 = flashmla.quantize_kvcache(kc)
+    poison_fp8_tails(k8, bt, sl)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    res = {}
+    for k in ("default", "swapab"):
+        monkeypatch.setenv("FLASHMLA_KERNEL", k)
+        res[k] = run(q, k8, bt, sl, causal=s_q > 1, fp8=True)
+        check(*res[k], ro, rl)
+    (o1, l1), (o2, l2) = res["default"], res["swapab"]
+    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
+    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+    assert (o2[1] == 0).all() and torch.isposinf(l2[1]).all()
+
+
+def test_fp8_swapab_falls_back(monkeypatch):
+    """FLASHMLA_KERNEL=swapab with more than 16 query rows, or with a BF16 cache, runs the default
+    kernel (run() asserts which ran) and meets the tolerances."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    lens = [300, 0, 65]
+    q, kc, bt, sl = make_inputs(len(lens), lens, 32, 1, device=DEV, seed=2)
+    k8 = flashmla.quantize_kvcache(kc)
+    check(*run(q, k8, bt, sl, fp8=True), *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512))
+    q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=3)
+    check(*run(q, kc, bt, sl), *flashmla.mla_decode_ref(q, kc, bt, sl, 512))
+
+
+def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
+    """Two calls give bit-identical results, and a NaN-poisoned output is fully overwritten."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    q, kc, bt, sl = make_inputs(12, [3000, 10, 0, 700, 64, 129] * 2, 16, 1, device=DEV, seed=4)
+    k8 = flashmla.quantize_kvcache(kc)
+    meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
+    outs = []
+    for _ in range(2):
+        junk = torch.full((1 << 22,), float("nan"), device=DEV)
+        del junk
+        out, lse = flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
+        assert flashmla.api._C.last_kernel() == "swapab"
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+        outs.append((out.clone(), lse.clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_fp8_swapab_cuda_graph_replay(monkeypatch):
+    """The swap-AB path captured in a CUDA graph and replayed with new lengths (0, tails inside a
+    page), each replay checked against the reference on the dequantised cache."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    batch, h_q, s_q, cap = 6, 8, 2, 4160
+    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=13)
+    k8 = flashmla.quantize_kvcache(kc)
+    static_sl = sl.clone()
+
+    def step():
+        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
+        return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, causal=True,
+                                               is_fp8_kvcache=True)
+
+    graph, (g_out, g_lse) = capture(step)
+    assert flashmla.api._C.last_kernel() == "swapab"
+    for trial in range(3):
+        new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
+        new[trial] = 0
+        new[trial + 1] = 64 * trial + 1
+        static_sl.copy_(new)
+        g_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512, causal=True)
+        check(g_out, g_lse, ro, rl)
