@@ -7,7 +7,8 @@
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone); 2c. and for
 # the swap-AB FP8 kernel (smoke_swapab.log);
 # 3. all GPU tests (both kernels, BF16 and FP8); 4. bench_decode.py --kernels auto,default, quick
-# table + the FP8 table (FP8 under default, wgmma and swapab beside BF16), then the full one until 570 s.
+# table + the FP8 table (FP8 under default, wgmma and swapab beside BF16), 4b. the swap-AB kernel's L2
+# prefetch distance A/B at h_q 8 and 16, then the full one until 570 s.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -81,6 +82,13 @@ timeout 170 "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$
   --json "$OUT/bench_quick.json" \
   >"$OUT/bench_quick.log" 2>&1
 echo "quick bench: rc=$?"; cat "$OUT/bench_quick.log"
+# 4b. the swap-AB FP8 kernel's L2 prefetch distance side by side (h_q 8 and 16, FP8 table only, ~80 s)
+if [[ $FP8_KERNELS == *swapab* ]]; then
+  timeout 100 "$PY" flashmla/benchmarks/bench_decode.py --fp8 --fp8-only --no-peers --kernels auto --fp8-heads 8,16 \
+    --fp8-kernels "default,swapab,swapab+FLASHMLA_L2_PREFETCH=0,swapab+FLASHMLA_L2_PREFETCH=4" \
+    --json "$OUT/bench_swapab_pf.json" >"$OUT/bench_swapab_pf.log" 2>&1
+  echo "swapab prefetch A/B: rc=$?"; cat "$OUT/bench_swapab_pf.log"
+fi
 t=$(left); [ "$t" -gt 30 ] || exit 0
 timeout "$t" "$PY" flashmla/benchmarks/bench_decode.py --kernels "$KERNELS" --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
 echo "full bench: rc=$? (124 = cut at the time limit; bench.json holds the rows measured)"

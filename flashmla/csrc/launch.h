@@ -42,6 +42,9 @@ constexpr int kFp8WgmmaMinRows = 64;
 // the 512 O columns is 0-6% faster than an even split on compute-bound shapes, equal elsewhere.
 constexpr int kWgmmaL2Prefetch = 0;
 constexpr int kWgmmaWg1Cols = 128;
+// Swap-AB FP8 kernel: L2 bulk prefetch distance in pages when FLASHMLA_L2_PREFETCH is unset (its
+// chunk ring keeps only 5 x 10.25 KiB of copies in flight per SM; not yet measured, see BENCHMARKS.md).
+constexpr int kSwapabL2Prefetch = 2;
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);

@@ -519,8 +519,8 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   // before P V, shorter ones keep it exact to ~2^-16 (hi/lo planes, twice the P V work)
   const char* pk = getenv("FLASHMLA_P_BF16_MIN_KEYS");
   a.p_bf16_min_keys = pk && pk[0] ? atoi(pk) : 1024;
-  // FLASHMLA_L2_PREFETCH (BF16 wgmma kernel): L2 prefetch distance in pages ahead of the producer's
-  // TMA load, 0 (off)..4
+  // FLASHMLA_L2_PREFETCH (BF16 wgmma and swap-AB FP8 kernels): L2 prefetch distance in pages ahead of
+  // the producer's loads, 0 (off)..4; unset: kWgmmaL2Prefetch, or kSwapabL2Prefetch for swapab
   const char* pf = getenv("FLASHMLA_L2_PREFETCH");
   a.l2_prefetch_pages = pf && pf[0] ? atoi(pf) : kWgmmaL2Prefetch;
   if (a.l2_prefetch_pages < 0 || a.l2_prefetch_pages > 4) return "FLASHMLA_L2_PREFETCH must be 0..4";
@@ -534,6 +534,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (!auto_pick && strcmp(kern, "swapab") == 0) {
+    if (!(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
     wg = launch_mla_decode_swapab_fp8(a, stream);  // -1: not an FP8 cache of <= 16 rows, or no TMA
     g_last_kernel = wg >= 0 ? "swapab" : "default";
   }

@@ -9,7 +9,8 @@
 //     + bytes, q_empty: 128 consumer arrivals after the request's last S) and cp.async.bulk of the raw FP8 page in 4
 //     chunks of 16 tokens (10,496 contiguous bytes each) into a ring of NCH chunk slots
 //     (raw_full[c]: expect_tx + bytes; raw_empty[c]: 128 dequantiser arrivals); plus
-//     cp.async.bulk.prefetch.L2 of the page PF pages ahead.
+//     cp.async.bulk.prefetch.L2 of the page a.l2_prefetch_pages ahead (FLASHMLA_L2_PREFETCH; unset:
+//     kSwapabL2Prefetch = 2, untuned: the ring holds only 52 KiB of loads in flight per SM).
 //   WG0 (dequantiser, 128 threads): per page, waits empty[s] of the bf16 stage, then per chunk
 //     raw_full -> NoPE e4m3 x fp32 scale (one per 128 columns), rounded once to bf16 (as
 //     dequantize_kvcache does), RoPE bf16 copied; 128B-swizzled K-major rows (the layout TMA gives
@@ -43,7 +44,6 @@ constexpr int SAB_TOKEN = 656, SAB_PAGE = PAGE * SAB_TOKEN;   // FP8 bytes per t
 constexpr int CH_TOK = 16, CH_BYTES = CH_TOK * SAB_TOKEN;       // a raw chunk: 16 tokens, 10,496 B
 constexpr int NCH = 5;                                          // raw ring: chunk slots
 constexpr int SAB_ROWS = 16, QSLAB = SAB_ROWS * 128;            // Q slab: 16 rows x 64 bf16
-constexpr int SAB_PF = 4;                                       // L2 prefetch distance in pages
 constexpr int SAB_THREADS = 288;
 constexpr int S_OFF_K = 0, S_OFF_Q = 2 * TILE, S_OFF_RAW = S_OFF_Q + NSLAB * QSLAB;
 constexpr int S_OFF_P = (S_OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, S_OFF_MISC = S_OFF_P + 2 * QSLAB;
@@ -121,10 +121,11 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta& 
     if (w.split && w.g >= a.batch + a.parts) break;
     if (w.kbeg >= w.kend) continue;
     const int* bt = a.block_table + (int64_t)b * a.bt_stride;
-    for (int p = w.kbeg + 1; p < min(w.kbeg + SAB_PF, w.kend); ++p)
+    const int pf = a.l2_prefetch_pages;  // FLASHMLA_L2_PREFETCH, or kSwapabL2Prefetch (launch.h)
+    for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p)
       prefetch_l2_bulk(kc8 + (int64_t)bt[p] * a.kcache_block_stride, SAB_PAGE);
     for (int blk = w.kbeg; blk < w.kend; ++blk) {
-      if (blk + SAB_PF < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + SAB_PF] * a.kcache_block_stride, SAB_PAGE);
+      if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + pf] * a.kcache_block_stride, SAB_PAGE);
       const uint8_t* page = kc8 + (int64_t)bt[blk] * a.kcache_block_stride;
       for (int q = 0; q < PAGE / CH_TOK; ++q) {
         mbar_wait(c.raw_empty(slot), phase ^ 1);
