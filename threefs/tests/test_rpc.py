@@ -232,3 +232,47 @@ def test_zero_copy_file_answers_are_crc_checked(server, tmp_path, blocks):
     a.close()
     b.close()
     c.close()
+
+
+def test_crc_covered_requests(server):
+    """Kind-3 requests (the CRAQ forward: payload covered by the CRC32C in the MACed meta
+    instead of the payload MAC) arrive intact; a payload that does not match its CRC, a kind-3
+    frame without a CRC, a frame whose meta was changed (CRC swapped) and one MACed with a key
+    not derived from the cluster secret are all rejected (connection closed) and the server
+    keeps serving."""
+    from threefs import _C
+    rng = random.Random()
+    c = rpc.Client(SECRET)
+    for n in (1, 4096, 1 << 20, rng.randrange(1, 3 << 20)):
+        d = rng.randbytes(n)
+        res, back = c.call(server.addr, "echo", {"n": n}, d, crc=_C.crc32c(d))
+        assert res == {"n": n, "len": n} and bytes(back) == d
+    with pytest.raises(ValueError, match="kind"):
+        rpc.Channel(socket.socket(), b"k" * 32).send(1, {}, b"x", crc=0)
+
+    def frame(key, fl, meta, data, mac_meta=None):
+        hdr = rpc.HEADER.pack(b"3F", 1, 3, 0, len(meta), len(data))
+        return hdr + rpc._mac(key, hdr, mac_meta or meta, [], fl) + meta + data
+
+    data = bytearray(rng.randbytes(5000))
+    good = b'{"m":"echo","n":1,"_pcrc":%d}' % _C.crc32c(bytes(data))
+    s, key, fl = _authed_socket(server.addr)  # control: the well-formed frame is answered
+    s.sendall(frame(key, fl, good, data))
+    ch = rpc.Channel(s, key, fl)
+    ch.send_seq = 1
+    assert ch.recv(1)[0] == {"n": 1, "len": 5000}
+    s.close()
+    bad = bytearray(data)
+    bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
+    other = b'{"m":"echo","n":1,"_pcrc":%d}' % _C.crc32c(bytes(bad))
+    for key_of, meta, payload, mac_meta in (
+            (None, good, bad, None),  # payload changed in transit
+            (None, b'{"m":"echo","n":1}', data, None),  # no CRC
+            (None, other, bad, good),  # CRC in the meta replaced to fit: the MAC catches it
+            (os.urandom(32), good, data, None)):  # sender without the cluster secret
+        s, key, fl = _authed_socket(server.addr)
+        s.sendall(frame(key_of or key, fl, meta, payload, mac_meta))
+        assert _closed_by_peer(s)
+        s.close()
+    assert c.call(server.addr, "echo", {"n": 2}, b"ok", crc=_C.crc32c(b"ok"))[1] == b"ok"
+    c.close()

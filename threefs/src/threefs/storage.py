@@ -77,6 +77,9 @@ class StorageNode:
         self.synced_at: dict[int, int] = {}
         self.routing = Routing()
         self.rpc = rpc.Client(cfg["secret"])
+        # full-chunk forwards down the chain go as kind-3 frames (payload covered by its CRC32C
+        # in the MACed meta, rpc.py) unless fwd_payload_mac = true asks for the payload MAC
+        self.fwd_mac = bool(cfg.get("fwd_payload_mac", False))
         self.mgmtd = MgmtdClient(cfg["mgmtd"], self.rpc)
         self.locks = LockTable()
         self.server = rpc.Server(cfg["listen"], cfg["secret"], self.handle, name="storage")
@@ -185,9 +188,12 @@ class StorageNode:
         latest_crc = m["pending_crc"] if m["pending_ver"] else m["crc"]
         if latest == ver and latest_crc == crc:
             return  # already applied (a retried forward)
-        if full:
-            eng.update(cid, ver, chain["ver"], 0, data if data is not None else b"",
-                       full_replace=True)
+        if full:  # crc is the CRC32C of the whole new content: check the sender's claim
+            nm = eng.update(cid, ver, chain["ver"], 0, data if data is not None else b"",
+                            full_replace=True)
+            if nm["pending_crc"] != crc:
+                eng.abort(cid, ver)
+                raise rpc.RpcError("CHECKSUM", "full-chunk payload does not match its CRC32C")
             return
         if latest != ver - 1:
             raise rpc.RpcError("NEED_FULL", f"have v{latest}, got v{ver}")
@@ -205,7 +211,7 @@ class StorageNode:
             raise ConnectionError(f"no address for target {succ['id']}")
         args = {"chain": chain["id"], "chain_ver": chain["ver"], "chunk": cid.hex(), "ver": ver,
                 "offset": 0, "truncate_to": -1, "crc": crc, "full": True}
-        pending = self.rpc.start(addr, "fwd", args, data)
+        pending = self.rpc.start(addr, "fwd", args, data, crc=None if self.fwd_mac else crc)
         try:
             out = local()
         except BaseException:
