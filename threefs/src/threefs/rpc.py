@@ -31,7 +31,7 @@ meta only, and the meta carries the payload's stored CRC32C ("_crc", the whole p
 received: corruption on the sender's disk or in transit is detected (answered as error CHECKSUM,
 so the caller reads again through the verifying path). A CRC is not a MAC: a deliberate on-path
 modifier who also fixes the CRC would go unnoticed for these payloads (the header, the meta and
-all other payloads stay MACed); clients that need that pass zero_copy=False.
+the payloads of kinds 0 and 1 stay MACed); clients that need that pass zero_copy=False.
 Kind 3 (requests whose sender already knows the payload's CRC32C: the CRAQ forward of a
 full-chunk write from one replica to its successor): the same trade-off the other way round. The
 meta carries "_pcrc" (CRC32C of the payload) and the frame MAC covers header + meta; the receiver
