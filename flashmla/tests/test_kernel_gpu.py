@@ -52,6 +52,23 @@ def check(out, lse, ro, rl):
     assert err.numel() == 0 or err.max() < 1e-5, f"lse rel err {err.max().item()}"
 
 
+def check_replays(graph, g_out, g_lse, static_sl, cap, reference, page_tails=False):
+    """Replays a captured decode 3 times with new random lengths (<= cap) written into static_sl:
+    request `trial` of length 0 and, with page_tails, request `trial + 1` one token into a page;
+    the outputs are NaN-poisoned before each replay and then checked against reference()."""
+    batch = static_sl.numel()
+    for trial in range(3):
+        new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
+        new[trial] = 0
+        if page_tails:
+            new[trial + 1] = 64 * trial + 1
+        static_sl.copy_(new)
+        g_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(g_out, g_lse, *reference())
+
+
 def capture(step):
     """Warms step() up on a side stream, then captures it in a CUDA graph: (graph, its outputs)."""
     s = torch.cuda.Stream()
@@ -151,16 +168,9 @@ def test_cuda_graph_replay_with_new_seqlens(kernel):
         return flashmla.flash_mla_with_kvcache(q, kc, bt, static_sl, 512, meta, splits, causal=True)
 
     graph, (g_out, g_lse) = capture(step)
-    for trial in range(3):
-        new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
-        new[trial] = 0
-        static_sl.copy_(new)
-        g_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ro, rl = flashmla.mla_decode_ref(q, kc, bt, static_sl, 512, causal=True)
-        # slots past the new lengths hold real (finite) values now: only the mask keeps them out
-        check(g_out, g_lse, ro, rl)
+    # slots past the new lengths hold real (finite) values now: only the mask keeps them out
+    check_replays(graph, g_out, g_lse, static_sl, cap,
+                  lambda: flashmla.mla_decode_ref(q, kc, bt, static_sl, 512, causal=True))
 
 
 def test_wrong_device_raises():
@@ -275,16 +285,9 @@ def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
 
     graph, (g_out, g_lse) = capture(step)
     assert flashmla.api._C.last_kernel() == "wgmma"
-    for trial in range(3):
-        new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
-        new[trial] = 0
-        new[trial + 1] = 64 * trial + 1
-        static_sl.copy_(new)
-        g_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512)
-        check(g_out, g_lse, ro, rl)
+    check_replays(graph, g_out, g_lse, static_sl, cap,
+                  lambda: flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512),
+                  page_tails=True)
 
 
 @pytest.mark.parametrize("h_q,s_q,fp8", [(16, 1, False), (16, 2, False), (32, 1, False), (128, 2, False),
@@ -426,16 +429,9 @@ def test_fp8_swapab_cuda_graph_replay(monkeypatch):
 
     graph, (g_out, g_lse) = capture(step)
     assert flashmla.api._C.last_kernel() == "swapab"
-    for trial in range(3):
-        new = torch.randint(0, cap + 1, (batch,), dtype=torch.int32, device=DEV)
-        new[trial] = 0
-        new[trial + 1] = 64 * trial + 1
-        static_sl.copy_(new)
-        g_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512, causal=True)
-        check(g_out, g_lse, ro, rl)
+    check_replays(graph, g_out, g_lse, static_sl, cap,
+                  lambda: flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512, causal=True),
+                  page_tails=True)
 
 
 def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):

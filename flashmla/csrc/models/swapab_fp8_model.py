@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
+from sim import MBar, NBar, simulate
 
 SLAB, TILE, TOKEN, QSLAB, CH = 8192, 9 * 8192, 656, 2048, 16
 
@@ -208,25 +209,6 @@ LAYOUT_MUTANTS = ("no_odd_swap", "no_tail_zero", "scale_index", "rope_no_swizzle
 NCH = 5
 
 
-class MBar:
-    def __init__(s, count): s.count, s.arr, s.tx, s.done = count, 0, 0, 0
-    def arrive(s, n=1):
-        s.arr += n
-        assert s.arr <= s.count, "mbarrier over-arrived in one phase"
-        s.maybe()
-    def maybe(s):
-        if s.arr == s.count and s.tx == 0: s.arr = 0; s.done += 1
-    def ready(s, parity): return (s.done & 1) != parity
-
-
-class NBar:  # a named barrier of the 4 consumer warps
-    def __init__(s): s.arrived, s.gen = set(), 0
-    def arrive(s, who):
-        assert who not in s.arrived, f"double arrival by {who}"
-        s.arrived.add(who)
-        if len(s.arrived) == 4: s.arrived.clear(); s.gen += 1
-
-
 def run_protocol(reqs, seed, mut=None):
     """reqs: pages per request (0 = nothing in this part). Raises AssertionError on a race/deadlock."""
     rnd = random.Random(seed)
@@ -234,8 +216,7 @@ def run_protocol(reqs, seed, mut=None):
           **{f"re{c}": MBar(64 if mut == "raw_empty_count_64" else 128) for c in range(NCH)},
           **{f"full{s}": MBar(128) for s in range(2)}, **{f"empty{s}": MBar(128) for s in range(2)},
           "qfull": MBar(1), "qempty": MBar(128)}
-    nb = {k: NBar() for k in ("SMAX", "PT", "SL")}
-    buf, dma = {}, []
+    nb = {k: NBar(k, parties=4) for k in ("SMAX", "PT", "SL")}  # the 4 consumer warps
 
     def producer():
         slot = phase = qn = 0
@@ -304,47 +285,8 @@ def run_protocol(reqs, seed, mut=None):
             for x in range(4): yield ("rend", f"L{par}.{x}", ("L", r))
             rq += 1
 
-    actors = {"PR": producer(), "D0": dequant("D0"), "D1": dequant("D1"), **{f"W{w}": consumer(w) for w in range(4)}}
-    pending = {k: next(g, None) for k, g in actors.items()}
-    speed = {k: rnd.choice([1.0, 1.0, 0.03]) for k in list(actors) + ["DMA"]}
-    waiting_n = {}
-    steps = 0
-    while True:
-        steps += 1
-        assert steps < 400000
-        runnable = []
-        for a, op in pending.items():
-            if op is None: continue
-            if op[0] == "wait" and not mb[op[1]].ready(op[2]): continue
-            if op[0] == "nsync" and a in waiting_n and nb[waiting_n[a][0]].gen == waiting_n[a][1]: continue
-            runnable.append(a)
-        choices = runnable + (["DMA"] if dma else [])
-        if not choices:
-            if all(op is None for op in pending.values()): return
-            raise AssertionError(f"deadlock: {pending}")
-        a = rnd.choices(choices, [speed.get(c, 1.0) for c in choices])[0]
-        if a == "DMA":
-            b, v, bar = dma.pop(rnd.randrange(len(dma)))
-            buf[b] = v; mb[bar].tx -= 1; mb[bar].maybe(); continue
-        op = pending[a]
-        k = op[0]
-        if k == "nsync":
-            if a not in waiting_n:
-                g = nb[op[1]].gen; nb[op[1]].arrive(a)
-                if nb[op[1]].gen == g: waiting_n[a] = (op[1], g); continue
-            else: del waiting_n[a]
-        elif k == "expect": mb[op[1]].tx += 1; mb[op[1]].arrive(1)
-        elif k == "tma":
-            for c, (bb, vv, _) in enumerate(dma):
-                assert bb != op[1], f"two copies in flight into {op[1]}"
-            dma.append((op[1], op[2], op[3]))
-        elif k == "arrive": mb[op[1]].arrive(op[2])
-        elif k == "write":
-            assert not any(bb == op[1] for bb, _, _ in dma)
-            buf[op[1]] = op[2]
-        elif k in ("rbeg", "rend"):
-            assert buf.get(op[1]) == op[2], f"{a} {k} {op[1]}: saw {buf.get(op[1])}, expected {op[2]}"
-        pending[a] = next(actors[a], None)
+    simulate({"PR": producer(), "D0": dequant("D0"), "D1": dequant("D1"), **{f"W{w}": consumer(w) for w in range(4)}},
+             mb, nb, rnd, slow=0.03, max_steps=400000)
 
 
 def check_protocol(trials, mut=None):

@@ -14,26 +14,9 @@ time and asserts the model catches each. Update together with the kernel. ~3 s:
 """
 import random, sys
 
+from sim import MBar, NBar, simulate
+
 SHARES = (("T0", 1), ("D1", 64), ("D2", 63))  # NoPE writers and their mbarrier arrivals
-
-
-class MBar:
-    def __init__(s, count): s.count, s.arr, s.tx, s.done = count, 0, 0, 0
-    def arrive(s, n=1):
-        s.arr += n
-        assert s.arr <= s.count or s.count < 0, "mbarrier over-arrived in one phase"
-        s.maybe()
-    def maybe(s):
-        if s.arr == s.count and s.tx == 0: s.arr = 0; s.done += 1
-    def ready(s, parity): return (s.done & 1) != parity
-
-
-class NBar:
-    def __init__(s): s.arrived, s.gen = set(), 0
-    def arrive(s, who):
-        assert who not in s.arrived, f"double arrival by {who}"
-        s.arrived.add(who)
-        if len(s.arrived) == 2: s.arrived.clear(); s.gen += 1
 
 
 def run(reqs, seed, mut=None):
@@ -42,8 +25,7 @@ def run(reqs, seed, mut=None):
     empty_count = 128 if mut == "empty_count_128" else 256
     mb = {**{f"full{i}": MBar(full_count) for i in range(2)}, **{f"empty{i}": MBar(empty_count) for i in range(2)},
           "qfull": MBar(1), "qempty": MBar(128)}
-    nb = {k: NBar() for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
-    buf, dma = {}, []
+    nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
     nope = [f"N{s}.{name}" for s in range(2) for name, _ in SHARES]
 
     def t0():  # producer thread 0: TMA of Q and RoPE, and its share of the dequantised NoPE
@@ -123,43 +105,7 @@ def run(reqs, seed, mut=None):
                 yield ("arrive", f"empty{(it - 1) & 1}", 128)
             rq += npg > 0
 
-    actors = {"T0": t0(), "W1": wg1(), "W2": wg2(), **{n: dq(n, w) for n, w in SHARES[1:]}}
-    pending = {k: next(g, None) for k, g in actors.items()}
-    speed = {k: rnd.choice([1.0, 1.0, 0.02]) for k in list(actors) + ["DMA"]}  # slow actors: deep races
-    waiting_n = {}
-    steps = 0
-    while True:
-        steps += 1
-        assert steps < 200000
-        runnable = []
-        for a, op in pending.items():
-            if op is None: continue
-            if op[0] == "wait" and not mb[op[1]].ready(op[2]): continue
-            if op[0] == "nsync" and a in waiting_n and nb[waiting_n[a][0]].gen == waiting_n[a][1]: continue
-            runnable.append(a)
-        choices = runnable + (["DMA"] if dma else [])
-        if not choices:
-            if all(op is None for op in pending.values()): return
-            raise AssertionError(f"deadlock: {pending}")
-        a = rnd.choices(choices, [speed.get(c, 1.0) for c in choices])[0]
-        if a == "DMA":
-            b, v, bar = dma.pop(rnd.randrange(len(dma)))
-            buf[b] = v; mb[bar].tx -= 1; mb[bar].maybe(); continue
-        op = pending[a]
-        k = op[0]
-        if k == "nsync":
-            if a not in waiting_n:
-                g = nb[op[1]].gen; nb[op[1]].arrive(a)
-                if nb[op[1]].gen == g: waiting_n[a] = (op[1], g); continue
-            else: del waiting_n[a]
-        elif k == "narrive": nb[op[1]].arrive(a)
-        elif k == "expect": mb[op[1]].tx += 1; mb[op[1]].arrive(op[2])
-        elif k == "tma": dma.append((op[1], op[2], op[3]))
-        elif k == "arrive": mb[op[1]].arrive(op[2])
-        elif k == "write": buf[op[1]] = op[2]
-        elif k in ("rbeg", "rend"):
-            assert buf.get(op[1]) == op[2], f"{a} {k} {op[1]}: saw {buf.get(op[1])}, expected {op[2]}"
-        pending[a] = next(actors[a], None)
+    simulate({"T0": t0(), "W1": wg1(), "W2": wg2(), **{n: dq(n, w) for n, w in SHARES[1:]}}, mb, nb, rnd)
 
 
 def check(trials, mut=None):

@@ -14,26 +14,14 @@ asserts the model catches each. ~5 s:
 """
 import random, sys
 
-class MBar:
-    def __init__(s, count): s.count, s.arr, s.tx, s.done = count, 0, 0, 0
-    def maybe(s):
-        if s.arr == s.count and s.tx == 0: s.arr = 0; s.done += 1
-    def ready(s, parity): return (s.done & 1) != parity
+from sim import MBar, NBar, simulate
 
-class NBar:  # named barrier over 2 actors (each = one warpgroup of 128 threads)
-    def __init__(s, name): s.arrived, s.gen, s.name = set(), 0, name
-    def arrive(s, who):
-        assert who not in s.arrived, f"double arrival by {who} on {s.name}"
-        s.arrived.add(who)
-        if len(s.arrived) == 2: s.arrived.clear(); s.gen += 1
 
 def run(reqs, seed, mut=None):
     rnd = random.Random(seed)
     mb = {**{f"full{i}": MBar(1) for i in range(2)}, **{f"empty{i}": MBar(2) for i in range(2)},
           "qfull": MBar(1), "qempty": MBar(1)}
     nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
-    buf = {}
-    dma = []
     def producer():
         it = qn = 0
         for r, (npg, lo) in enumerate(reqs):
@@ -43,7 +31,7 @@ def run(reqs, seed, mut=None):
             for _ in range(npg):
                 s = it & 1
                 yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
-                yield ("expect", f"full{s}")
+                yield ("expect", f"full{s}", 2)
                 yield ("tma", f"K{s}", ("K", it), f"full{s}"); yield ("tma", f"H{s}", ("K", it), f"full{s}")
                 it += 1
     def wg1():
@@ -98,46 +86,7 @@ def run(reqs, seed, mut=None):
                 yield ("nsync", f"EPI{rq & 1}"); yield ("rbeg", f"I{rq & 1}", ("I", r)); yield ("rend", f"I{rq & 1}", ("I", r))
                 if mut != "epi_release_early": yield ("arrive", f"empty{(it - 1) & 1}")
             rq += npg > 0
-    actors = {"P": producer(), "W1": wg1(), "W2": wg2()}
-    pending = {k: next(g, None) for k, g in actors.items()}
-    # per-schedule speeds: a slow actor (1/50) lets the others run far ahead, which uniform random
-    # interleavings almost never do (deep races such as WG1 running two requests ahead of WG2)
-    speed = {k: rnd.choice([1.0, 1.0, 0.02]) for k in list(actors) + ["DMA"]}
-    waiting_n = {}  # actor -> (barrier, generation) while blocked in nsync
-    steps = 0
-    while True:
-        steps += 1
-        assert steps < 100000
-        runnable = []
-        for a, op in pending.items():
-            if op is None: continue
-            if op[0] == "wait" and not mb[op[1]].ready(op[2]): continue
-            if op[0] == "nsync" and a in waiting_n:
-                b, g = waiting_n[a]
-                if nb[b].gen == g: continue
-            runnable.append(a)
-        choices = runnable + (["DMA"] if dma else [])
-        if not choices:
-            if all(op is None for op in pending.values()): return
-            raise AssertionError(f"deadlock: {pending} waiting_n={waiting_n}")
-        a = rnd.choices(choices, [speed.get(c, 1.0) for c in choices])[0]
-        if a == "DMA":
-            i = rnd.randrange(len(dma)); b, v, bar = dma.pop(i)
-            buf[b] = v; mb[bar].tx -= 1; mb[bar].maybe(); continue
-        op = pending[a]
-        k = op[0]
-        if k == "nsync":
-            if a not in waiting_n:
-                g = nb[op[1]].gen; nb[op[1]].arrive(a)
-                if nb[op[1]].gen == g: waiting_n[a] = (op[1], g); continue
-            else: del waiting_n[a]
-        elif k == "narrive": nb[op[1]].arrive(a)
-        elif k == "expect": m = mb[op[1]]; m.arr += 1; m.tx += 2 if op[1].startswith("full") else 1; m.maybe()
-        elif k == "tma": dma.append((op[1], op[2], op[3]))
-        elif k == "arrive": m = mb[op[1]]; m.arr += 1; m.maybe()
-        elif k == "write": buf[op[1]] = op[2]
-        elif k in ("rbeg", "rend"): assert buf.get(op[1]) == op[2], f"{a} {k} {op[1]}: saw {buf.get(op[1])}, expected {op[2]}"
-        pending[a] = next(actors[a], None)
+    simulate({"P": producer(), "W1": wg1(), "W2": wg2()}, mb, nb, rnd, max_steps=100000)
 
 def check(trials, mut=None):
     n = 0
