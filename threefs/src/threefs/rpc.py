@@ -386,8 +386,31 @@ def parse_addr(addr) -> tuple[str, int]:
 
 
 class Listener:
-    """Base of the servers: `sock` listens, `_conns` (under `_lock`) holds the accepted sockets,
-    accept loops end once `_stop` is set. stop() closes the listener and shuts every connection down."""
+    """Base of the servers: `sock` listens (set by _listen), an accept thread hands each connection
+    to _serve (after _accepted, a hook), `_conns` (under `_lock`) holds the open ones, and stop()
+    closes the listener and shuts every connection down."""
+
+    name = "server"
+
+    def _listen(self, sock: socket.socket, backlog: int):
+        sock.listen(backlog)
+        self.sock, self._stop, self._conns, self._lock = sock, False, set(), threading.Lock()
+
+    def start(self):
+        threading.Thread(target=self._accept_loop, daemon=True, name=f"{self.name}-accept").start()
+        return self
+
+    def _accept_loop(self):
+        while not self._stop:
+            try:
+                s, _ = self.sock.accept()
+            except OSError:
+                return
+            self._accepted(s)
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _accepted(self, s: socket.socket):
+        pass
 
     def stop(self):
         self._stop = True
@@ -415,29 +438,16 @@ class Server(Listener):
         self.flags = flags
         self.handler, self.name = handler, name
         host, port = parse_addr(addr)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        tune_socket(self.sock)  # accepted sockets inherit the buffer sizes
-        self.sock.bind((host, port))
-        self.sock.listen(256)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tune_socket(sock)  # accepted sockets inherit the buffer sizes
+        sock.bind((host, port))
+        self._listen(sock, 256)
         self.addr = f"{host}:{self.sock.getsockname()[1]}"
         self.stats = {"rejected": 0, "requests": 0}
-        self._stop = False
-        self._conns: set = set()
-        self._lock = threading.Lock()
 
-    def start(self) -> "Server":
-        threading.Thread(target=self._accept_loop, daemon=True, name=f"{self.name}-accept").start()
-        return self
-
-    def _accept_loop(self):
-        while not self._stop:
-            try:
-                s, _ = self.sock.accept()
-            except OSError:
-                return
-            tune_socket(s)
-            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+    def _accepted(self, s: socket.socket):
+        tune_socket(s)
 
     def _serve(self, s: socket.socket):
         with self._lock:

@@ -63,27 +63,14 @@ class Server(rpc.Listener):
     """Accepts short-circuit connections for `node` (a StorageNode: node.sc_open(args) ->
     (result dict, engine span) and node.addr / node.id)."""
 
+    name = "sc"
+
     def __init__(self, node, secret):
         self.node, self.secret = node, rpc._secret_bytes(secret)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(sock_name(node.addr))  # OSError (EADDRINUSE) when taken
-        self.sock.listen(64)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(sock_name(node.addr))  # OSError (EADDRINUSE) when taken
+        self._listen(sock, 64)
         self.stats = {"reads": 0, "rejected": 0, "leases": 0}  # leases: open now
-        self._stop = False
-        self._conns: set = set()
-        self._lock = threading.Lock()
-
-    def start(self) -> "Server":
-        threading.Thread(target=self._accept_loop, daemon=True, name="sc-accept").start()
-        return self
-
-    def _accept_loop(self):
-        while not self._stop:
-            try:
-                s, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
 
     def _serve(self, s: socket.socket):
         with self._lock:
