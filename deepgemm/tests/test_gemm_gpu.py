@@ -35,6 +35,14 @@ def _check(d, ref_out, orig=None):
         assert dg.calc_diff(d, orig) < TOL_ORIG
 
 
+def _check_contiguous(d, r, m_indices):
+    """Grouped-contiguous output d against the reference r: rows with m_indices == -1 (padding) are
+    still NaN (untouched), the others meet _check."""
+    valid = m_indices >= 0
+    assert d[~valid].float().isnan().all(), "padding rows were written"
+    _check(d[valid], r[valid])
+
+
 def _assert_replays_match(step, d, times):
     """step() (already run eagerly: d holds its result) captured in a CUDA graph and replayed `times`
     times over a NaN-poisoned d: every replay must reproduce the eager result bit for bit."""
@@ -162,9 +170,7 @@ def test_m_grouped_contiguous(g, mean, nk, fp8):
     else:
         dg.m_grouped_bf16_gemm_nt_contiguous(x, y, d, m_indices)
         ref.ref_m_grouped_gemm_nt_contiguous(x, None, y, None, r, m_indices)
-    valid = m_indices >= 0
-    assert d[~valid].float().isnan().all(), "padding rows were written"
-    _check(d[valid], r[valid])
+    _check_contiguous(d, r, m_indices)
 
 
 @pytest.mark.parametrize("fp8", [True, False])
@@ -413,9 +419,7 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
         dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
         r = torch.full((m, n), float("nan"), device=DEV)
         ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
-        valid = m_indices >= 0
-        assert d[~valid].float().isnan().all(), "padding rows were written"
-        _check(d[valid], r[valid])
+        _check_contiguous(d, r, m_indices)
     monkeypatch.delenv("DEEPGEMM_BLOCKS", raising=False)
     g, m_max, n, k = 4, 256, 4096, 7168
     mm = torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV)
@@ -510,6 +514,4 @@ def test_min_sms_grid(monkeypatch):
     dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
     r = torch.full((m, n), float("nan"), device=DEV)
     ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
-    valid = m_indices >= 0
-    assert d[~valid].float().isnan().all(), "padding rows were written"
-    _check(d[valid], r[valid])
+    _check_contiguous(d, r, m_indices)
