@@ -223,6 +223,8 @@ def test_multicast_switch(monkeypatch):
     dense/masked tiles in pairs along N sharing A (even N blocks); the source gets __cluster_dims__ and
     the MCAST template argument; the contiguous layout stays plain."""
     import torch
+    monkeypatch.setenv("DEEPGEMM_BN256", "0")  # the 128 x 256 tile has no multicast variant
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")  # nor has the TMA-store epilogue
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     assert kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1).mcast == 0  # off by default
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")

@@ -29,8 +29,27 @@ def test_bn256_block_choice(monkeypatch):
     assert kernels.choose_blocks(4096, 7168, 1, 132, fp8=False, bn256=True)[1] <= 256  # BF16: its own list
 
 
+def test_measured_defaults(monkeypatch):
+    """The defaults the H200 A/B picked (BENCHMARKS.md, 2026-11-29): 128 x 256 tiles at large M, TMA stores
+    for dense BF16 outputs at K <= 2048 only (deeper K keeps the two extra pipeline stages instead)."""
+    for var in ("DEEPGEMM_BN256", "DEEPGEMM_TMA_STORE", "DEEPGEMM_BLOCKS", "DEEPGEMM_EPILOGUE"):
+        monkeypatch.delenv(var, raising=False)
+    picks = {(n, k): kernels.make_config("dense", True, D, None, n, k, 4096, 1) for n, k in NK}
+    assert {nk: (c.bn, c.tstore) for nk, c in picks.items()} == {
+        (2112, 7168): (picks[2112, 7168].bn, 0), (24576, 1536): (256, 1), (32768, 512): (256, 1),
+        (7168, 16384): (256, 0), (4096, 7168): (256, 0), (7168, 2048): (256, 1)}
+    assert picks[2112, 7168].bn < 256 and all(c.rs == 0 for c in picks.values())
+    assert kernels.make_config("contiguous", True, D, None, 7168, 2048, 32768, 1).tstore == 0
+    assert kernels.make_config("dense", True, D, None, 7168, 2048, 64, 1).bn < 256  # small M: unchanged
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
+    assert kernels.make_config("dense", True, D, None, 4096, 7168, 4096, 1).tstore == 1
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
+    assert kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1).tstore == 0
+
+
 def test_bn256_config_and_smem(monkeypatch):
     monkeypatch.setenv("DEEPGEMM_BN256", "1")
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
     monkeypatch.setenv("DEEPGEMM_PIPE", "1")       # ignored by the wide tile
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")  # ignored by the wide tile
     for n, k in NK[1:]:
@@ -102,6 +121,7 @@ def test_tma_store_config(monkeypatch):
     BN = 112; no multicast with it. The kernel gets the output's tensor map as an extra parameter."""
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    monkeypatch.setenv("DEEPGEMM_BN256", "0")
     cfg = kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
     assert (cfg.bn, cfg.tstore, cfg.mcast, cfg.stages) == (128, 1, 0, 5)
     assert kernels.smem_bytes(True, 2048, 128, 128, 5, 1, tstore=1) == 1024 + 5 * 33280 + 80 + 4 * 8192

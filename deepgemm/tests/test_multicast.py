@@ -127,6 +127,8 @@ def test_multicast_release_has_no_gpu_membar(tmp_path, monkeypatch):
     kernels ran at half speed). The only GPU-scope barriers left are the one-time cluster syncs."""
     monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    monkeypatch.setenv("DEEPGEMM_BN256", "0")
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     cfgs = [kernels.make_config("dense", True, d, None, 4096, 7168, 4096, 1),   # mcast 1: B shared, BM = 128
             kernels.make_config("dense", True, d, None, 7168, 16384, 1, 1),     # mcast 2: A shared, K split

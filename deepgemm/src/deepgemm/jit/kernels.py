@@ -42,13 +42,16 @@ MULTICAST_DEFAULT = "0"
 # FP8 128 x 256 tiles at M > 128 (each consumer warpgroup: 64 rows x two 128-column halves per K block):
 # 25 % fewer L2 -> SM bytes and ~10 % less shared-memory traffic per FLOP than 128 x 128 (BENCHMARKS.md,
 # "prepared"); DEEPGEMM_BN256=0|1|2 overrides (2: the same tiles with A read from registers: one ldmatrix pass
-# per K block feeds both halves' WGMMAs). Off by default: compile-checked, not yet measured.
-BN256_DEFAULT = "0"
+# per K block feeds both halves' WGMMAs). On (1) by default: H200 2026-11-29, +9 to +26 % on the M = 4096 shapes
+# that switch (BENCHMARKS.md); 2 measured no faster than 1 and spills in one staged configuration.
+BN256_DEFAULT = "1"
 BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes per FLOP: 144.5 / 161)
 # Dense BF16 output, staged epilogue, BN a multiple of 64: the tile leaves through TMA stores of swizzled
 # 64 x 64 boxes (no LDS/STG copy-out; the warpgroups start the next tile while the TMA engine writes);
-# DEEPGEMM_TMA_STORE=0|1 overrides. Off by default: compile-checked, not yet measured.
-TMA_STORE_DEFAULT = "0"
+# DEEPGEMM_TMA_STORE=0|1|auto overrides. auto (default): on for K <= TMA_STORE_MAX_K, where the epilogue is a
+# large share of a tile's time (H200 2026-11-29: +5 to +26 % at K 512-2048, -1 to -6 % at K 7168-16384).
+TMA_STORE_DEFAULT = "auto"
+TMA_STORE_MAX_K = 2048
 # Persistent grid no larger than the tile waves need: ceil(tiles / ceil(tiles / SMs)) CTAs (same number of
 # waves, fewer busy SMs: less power, so higher clocks, as DeepGEMM does); DEEPGEMM_MIN_SMS=0|1 overrides.
 # Off by default: not yet measured.
@@ -218,9 +221,10 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         bm, bn = parse_blocks(blocks_env, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")
     ksplit = int(fp8 and bm == 64 and k >= 256 and ksplit_env == "1")
-    if tstore_env not in ("0", "1"):
-        raise ValueError(f"DEEPGEMM_TMA_STORE: expected 0 or 1, got {tstore_env!r}")
-    tstore = int(tstore_env == "1" and kind == "dense" and epi == 1 and bn % 64 == 0)
+    if tstore_env not in ("0", "1", "auto"):
+        raise ValueError(f"DEEPGEMM_TMA_STORE: expected 0, 1 or auto, got {tstore_env!r}")
+    want_tstore = tstore_env == "1" or (tstore_env == "auto" and k <= TMA_STORE_MAX_K)
+    tstore = int(want_tstore and kind == "dense" and epi == 1 and bn % 64 == 0)
     stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
