@@ -12,10 +12,18 @@
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
-# Logs and JSON go to OUTDIR. Fits the 600 s limit of one device call.
+# Logs and JSON go to OUTDIR (small logs packed in logs.tgz). Fits the 600 s limit of one device call.
 set -uo pipefail
 START=$(date +%s); left() { echo $(( 570 - ($(date +%s) - START) )); }   # seconds left of the call
 OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
+# the device tool returns at most 8 files: the step lines also go to steps.log, and the build, wheel,
+# smoke, test and FlashInfer logs leave packed in logs.tgz (tar xzf logs.tgz)
+exec > >(tee -a "$OUT/steps.log") 2>&1
+pack_logs() {
+  (cd "$OUT" && ls build.log wheels.log smoke*.log gpu_tests.log flashinfer_check.log 2>/dev/null \
+     | xargs -r tar czf logs.tgz && ls build.log wheels.log smoke*.log gpu_tests.log flashinfer_check.log 2>/dev/null | xargs -r rm -f)
+}
+trap pack_logs EXIT
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1

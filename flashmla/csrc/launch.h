@@ -43,8 +43,11 @@ constexpr int kFp8WgmmaMinRows = 64;
 constexpr int kWgmmaL2Prefetch = 0;
 constexpr int kWgmmaWg1Cols = 128;
 // Swap-AB FP8 kernel: L2 bulk prefetch distance in pages when FLASHMLA_L2_PREFETCH is unset (its
-// chunk ring keeps only 5 x 10.25 KiB of copies in flight per SM; not yet measured, see BENCHMARKS.md).
+// chunk ring keeps only 5 x 10.25 KiB of copies in flight per SM; H200 A/B: 2 and 0 within 2 %, 4 slower).
 constexpr int kSwapabL2Prefetch = 2;
+// FLASHMLA_KERNEL unset or 'auto' with an FP8 cache: the swap-AB kernel up to this many query rows
+// (H200: 1.4x the mma.sync FP8 path and 1.08-1.16x the BF16 cache at 8-16 rows, BENCHMARKS.md).
+constexpr int kSwapabMaxRows = 16;
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);

@@ -512,7 +512,8 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* kern = getenv("FLASHMLA_KERNEL");
   const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
   // 'swapab' runs the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) for an FP8 cache with at most
-  // 16 query rows per request; anything else under 'swapab' (BF16 cache, more rows) runs the default kernel.
+  // kSwapabMaxRows (16) query rows per request, as auto does; anything else under 'swapab' (BF16 cache,
+  // more rows) runs the default kernel.
   if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0 && strcmp(kern, "swapab") != 0)
     return "FLASHMLA_KERNEL must be unset, 'auto', 'default', 'wgmma' or 'swapab'";
   // FLASHMLA_P_BF16_MIN_KEYS (wgmma kernel): requests with at least this many keys round P to bf16
@@ -533,7 +534,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
-  if (!auto_pick && strcmp(kern, "swapab") == 0) {
+  if (a.is_fp8 && (auto_pick ? m <= kSwapabMaxRows : strcmp(kern, "swapab") == 0)) {
     if (!(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
     wg = launch_mla_decode_swapab_fp8(a, stream);  // -1: not an FP8 cache of <= 16 rows, or no TMA
     g_last_kernel = wg >= 0 ? "swapab" : "default";
