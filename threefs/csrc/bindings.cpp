@@ -76,6 +76,22 @@ PYBIND11_MODULE(_C, m) {
       py::arg("data"), "(CRC32C of data, [CRC32C of each 4 KiB block]) in one pass");
 
   m.def(
+      "crc32c_sums",
+      [](py::buffer data) {
+        Buf b(data);
+        std::string t(4 * ((b.len + kBlockBytes - 1) / kBlockBytes), '\0');
+        uint32_t crc;
+        {
+          py::gil_scoped_release nogil;
+          crc = crc32c_blocks(b.ptr, b.len, reinterpret_cast<uint32_t*>(&t[0]));
+        }
+        return py::make_tuple(crc, py::bytes(t));
+      },
+      py::arg("data"),
+      "(CRC32C of data, bytes: little-endian u32 CRC32C per 4 KiB block) in one pass; "
+      "ChunkEngine.update(sums=) takes it instead of computing them again");
+
+  m.def(
       "verify_crc32c",
       [](py::buffer data, uint32_t crc, py::bytes blocks) {
         Buf b(data);
@@ -125,18 +141,33 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "update",
           [](ChunkEngine& e, py::bytes id, uint64_t ver, uint64_t chain_ver, uint64_t offset,
-             py::buffer data, int64_t truncate_to, bool full_replace) {
+             py::buffer data, int64_t truncate_to, bool full_replace, py::object sums) {
             std::string k = id;
             Buf b(data);
+            std::string blocks;
+            uint32_t scrc = 0;
+            if (!sums.is_none()) {  // (crc, block CRCs as bytes) from crc32c_sums(data)
+              auto t = sums.cast<py::tuple>();
+              if (t.size() != 2) throw py::value_error("sums must be (crc, block_crcs)");
+              scrc = t[0].cast<uint32_t>();
+              blocks = t[1].cast<std::string>();
+              if (blocks.size() != 4 * ((b.len + kBlockBytes - 1) / kBlockBytes))
+                throw py::value_error("sums: block_crcs must hold 4 bytes per 4 KiB block of "
+                                      "data, got " + std::to_string(blocks.size()) + " bytes");
+            }
             ChunkMeta r;
             {
               py::gil_scoped_release nogil;
-              r = e.update(k, ver, chain_ver, offset, b.ptr, b.len, truncate_to, full_replace);
+              r = e.update(k, ver, chain_ver, offset, b.ptr, b.len, truncate_to, full_replace,
+                           sums.is_none() ? nullptr
+                                          : reinterpret_cast<const uint32_t*>(blocks.data()),
+                           scrc);
             }
             return meta_dict(r);
           },
           py::arg("chunk_id"), py::arg("ver"), py::arg("chain_ver"), py::arg("offset"),
-          py::arg("data"), py::arg("truncate_to") = -1, py::arg("full_replace") = false)
+          py::arg("data"), py::arg("truncate_to") = -1, py::arg("full_replace") = false,
+          py::arg("sums") = py::none())
       .def(
           "commit",
           [](ChunkEngine& e, py::bytes id, uint64_t ver) {

@@ -165,10 +165,14 @@ bool ChunkEngine::pool_has_room_locked(uint64_t bytes) const {
   return free_.size() + stashed_ < kMaxFree && free_bytes_ + bytes <= kMaxFreeBytes;
 }
 
-std::string ChunkEngine::stash(const std::string& path, uint64_t* bytes) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return "";
-  *bytes = static_cast<uint64_t>(st.st_size);
+std::string ChunkEngine::stash(const std::string& path, uint64_t* bytes, int64_t known) {
+  if (known >= 0) {  // the caller's metadata knows the size: no stat (link fails if absent)
+    *bytes = static_cast<uint64_t>(known);
+  } else {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return "";
+    *bytes = static_cast<uint64_t>(st.st_size);
+  }
   std::string q;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -314,7 +318,12 @@ void ChunkEngine::recover() {
 
 void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t chain_ver,
                              const std::vector<std::pair<const char*, size_t>>& parts,
-                             size_t size, uint32_t crc, std::vector<uint32_t>* table_in) {
+                             size_t size, uint32_t crc, std::vector<uint32_t>* table_in,
+                             int64_t old_bytes_hint) {
+  // old_bytes_hint: what the caller's metadata says about the file at `path` (-2: none, >= 0:
+  // its size, -1: unknown, stat it). The new content is written under a name no reader uses
+  // (a pooled file's pool name, or path + ".tmp"), then renamed to `path`: a crash leaves
+  // either the old file or the complete new one there (pool and .tmp are cleared on open).
   std::string tmp = path + ".tmp";
   std::string reuse;
   {
@@ -324,17 +333,14 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
   Fd f(-1);
   off_t reused_size = -1;
   if (!reuse.empty()) {  // overwrite a pooled file in place: no block allocation or freeing
-    if (::rename(reuse.c_str(), tmp.c_str()) == 0) {
-      f.fd = ::open(tmp.c_str(), O_WRONLY);
-      struct stat st;
-      if (f.fd >= 0 && ::fstat(f.fd, &st) == 0 && st.st_nlink == 1) {
-        reused_size = st.st_size;
-      } else {
-        if (f.fd >= 0) ::close(f.fd);
-        f.fd = -1;
-        ::unlink(tmp.c_str());
-      }
+    f.fd = ::open(reuse.c_str(), O_WRONLY);
+    struct stat st;
+    if (f.fd >= 0 && ::fstat(f.fd, &st) == 0 && st.st_nlink == 1) {
+      reused_size = st.st_size;
+      tmp = reuse;  // written under its pool name, renamed over `path` below
     } else {
+      if (f.fd >= 0) ::close(f.fd);
+      f.fd = -1;
       ::unlink(reuse.c_str());
     }
   }
@@ -403,7 +409,8 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
   }
   maybe_crash("after_data_write");
   uint64_t old_bytes = 0;
-  std::string old = stash(path, &old_bytes);  // the file this rename replaces goes to the pool
+  // the file this rename replaces goes to the pool
+  std::string old = old_bytes_hint == -2 ? "" : stash(path, &old_bytes, old_bytes_hint);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     IoError e = sys_error("rename " + tmp);
     release(old, old_bytes, false);
@@ -416,7 +423,7 @@ void ChunkEngine::write_file(const std::string& path, uint64_t ver, uint64_t cha
 
 ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chain_ver,
                               uint64_t offset, const char* data, size_t len, int64_t truncate_to,
-                              bool full_replace) {
+                              bool full_replace, const uint32_t* sums_blocks, uint32_t sums_crc) {
   if (offset + len > max_chunk_ || (truncate_to >= 0 && uint64_t(truncate_to) > max_chunk_))
     throw std::invalid_argument("update beyond the maximum chunk size " +
                                 std::to_string(max_chunk_));
@@ -462,7 +469,10 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   }
   uint32_t crc = 0;
   std::vector<uint32_t> table;
-  if (parts.size() == 1 && parts[0].second == new_size) {  // CRC and block CRCs in one pass
+  if (sums_blocks && !need_base && offset == 0 && len == new_size && new_size > 0) {
+    table.assign(sums_blocks, sums_blocks + nblocks(new_size));  // the caller's pass over data
+    crc = sums_crc;
+  } else if (parts.size() == 1 && parts[0].second == new_size) {  // CRC and block CRCs, 1 pass
     table.assign(nblocks(new_size), 0);
     crc = crc32c_blocks(parts[0].first, new_size, table.data());
   } else {
@@ -476,7 +486,8 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
                                 std::to_string(capacity_) + " bytes)");
   }
   write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc,
-             table.empty() ? nullptr : &table);
+             table.empty() ? nullptr : &table,
+             m.pending_ver ? int64_t(file_bytes(m.pending_size)) : -2);
   maybe_crash("after_pending_rename");
   std::lock_guard<std::mutex> g(mu_);
   ChunkMeta& cur = chunks_[id];
@@ -505,7 +516,7 @@ bool ChunkEngine::commit(const std::string& id, uint64_t ver) {
   maybe_crash("before_commit_rename");
   std::string p = chunk_path(id, true), c = chunk_path(id, false);
   uint64_t old_bytes = 0;
-  std::string old = stash(c, &old_bytes);
+  std::string old = m.committed_ver ? stash(c, &old_bytes, int64_t(file_bytes(m.size))) : "";
   if (::rename(p.c_str(), c.c_str()) != 0) {
     IoError e = sys_error("rename " + p);
     release(old, old_bytes, false);

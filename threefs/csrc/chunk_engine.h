@@ -55,8 +55,11 @@ class ChunkEngine {
   // Create pending version `ver` = (latest content, or nothing if full_replace) with `len` bytes of
   // `data` written at `offset`; then, if truncate_to >= 0, the size is set to truncate_to.
   // Without full_replace, ver must be latest_version + 1 (else VersionError).
+  // sums: the CRC32C of `data` and its 4 KiB block CRCs (crc32c_blocks), computed by the caller
+  // over these same bytes; used (instead of a second pass) when `data` is the whole new content.
   ChunkMeta update(const std::string& id, uint64_t ver, uint64_t chain_ver, uint64_t offset,
-                   const char* data, size_t len, int64_t truncate_to, bool full_replace);
+                   const char* data, size_t len, int64_t truncate_to, bool full_replace,
+                   const uint32_t* sums_blocks = nullptr, uint32_t sums_crc = 0);
   // Make pending version `ver` the committed one. Returns false if it already was committed.
   bool commit(const std::string& id, uint64_t ver);
   // Write `data` directly as committed version `ver` (sync / repair), dropping any pending one.
@@ -99,14 +102,15 @@ class ChunkEngine {
   void maybe_crash(const char* point) const;
   void write_file(const std::string& path, uint64_t ver, uint64_t chain_ver,
                   const std::vector<std::pair<const char*, size_t>>& parts, size_t size,
-                  uint32_t crc, std::vector<uint32_t>* table = nullptr);
+                  uint32_t crc, std::vector<uint32_t>* table = nullptr,
+                  int64_t old_bytes = -1);
   void fsync_dir(const std::string& path) const;
   std::string dir_of(const std::string& id) const;
 
   // File recycling. Copy-on-write replaces a chunk file by a new one on every update; creating
   // a file and freeing the replaced one (ext4 block allocation, page and block freeing) costs
   // several times the data write itself. Replaced and removed files therefore go to a pool
-  // (root/free, at most kMaxFree files and kMaxFreeBytes bytes) and are overwritten in place as the next ".tmp" files. A pooled file is
+  // (root/free, at most kMaxFree files and kMaxFreeBytes bytes) and are overwritten in place (under their pool name, then renamed to their new name). A pooled file is
   // reused only when no read that may still hold it open is in progress (epochs: `epoch_` ticks
   // when a file enters the pool, each read records the epoch it started at). The pool is
   // emptied on open, since after a crash a pooled name may still alias a live chunk file.
@@ -117,8 +121,9 @@ class ChunkEngine {
     ~ReadGuard();
   };
   bool pool_has_room_locked(uint64_t bytes) const;
-  std::string stash(const std::string& path, uint64_t* bytes);  // hard-link a file a rename
-  void release(const std::string& pooled, uint64_t bytes, bool ok);  // will replace; after it
+  // hard-link a file a rename will replace (its size: known >= 0, else stat'ed); after it
+  std::string stash(const std::string& path, uint64_t* bytes, int64_t known = -1);
+  void release(const std::string& pooled, uint64_t bytes, bool ok);
   void recycle_locked(const std::string& path);       // instead of unlink (mu_ held)
   std::string take_free_locked();                     // a reusable pool file, or ""
   std::string free_dir_;

@@ -312,3 +312,39 @@ def test_open_span_gives_file_range_and_crcs(tmp_path):
     assert os.pread(sp.fd, sp.n, sp.file_offset) == data
     sp.close()
     assert e.read(cid) == new
+
+
+def test_update_with_caller_sums(tmp_path):
+    """update(sums=crc32c_sums(data)) writes the same file as update without them (the CRCs
+    come from the caller's pass instead of a second one); sums are only used when data is the
+    whole new content (a partial update computes its own); malformed sums raise ValueError."""
+    from threefs.chunk import crc32c_sums
+    rng = random.Random()
+    a = ChunkEngine(str(tmp_path / "a"), "none", 1 << 40, 1 << 20)
+    b = ChunkEngine(str(tmp_path / "b"), "none", 1 << 40, 1 << 20)
+    cid = chunk_id(rng.randrange(1 << 40), 0)
+    for ver, n in enumerate((1 << 20, 4097, rng.randrange(1, 1 << 20), 12288), start=1):
+        data = rng.randbytes(n)
+        sums = crc32c_sums(data)
+        assert sums[0] == crc32c(data)
+        assert sums[1] == b"".join(crc32c(data[i:i + 4096]).to_bytes(4, "little")
+                                   for i in range(0, n, 4096))
+        ma = a.update(cid, ver, 1, 0, data, n, full_replace=True, sums=sums)
+        mb = b.update(cid, ver, 1, 0, data, n, full_replace=True)
+        assert ma == mb and ma["pending_crc"] == crc32c(data)
+        a.commit(cid, ver)
+        b.commit(cid, ver)
+        with open(a.chunk_path(cid), "rb") as fa, open(b.chunk_path(cid), "rb") as fb:
+            assert fa.read() == fb.read()
+        assert a.read(cid) == data
+    # partial update: the given sums cover `piece` only, the engine computes the whole
+    base = a.read(cid)
+    piece = rng.randbytes(5000)
+    m = a.update(cid, 5, 1, 100, piece, sums=crc32c_sums(piece))
+    want = base[:100] + piece + base[5100:]
+    assert m["pending_crc"] == crc32c(want)
+    a.commit(cid, 5)
+    assert a.read(cid) == want
+    for bad in ((1, b"\0" * 3), (1,), "x"):
+        with pytest.raises((ValueError, TypeError)):
+            a.update(cid, 6, 1, 0, piece, full_replace=True, sums=bad)

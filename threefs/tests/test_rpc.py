@@ -17,6 +17,9 @@ def handler(method, args, data):
         raise rpc.RpcError("ENOENT", "no such thing")
     if method == "boom":
         raise RuntimeError("bug")
+    if method == "sums":  # what the handler got as the payload's sums (kind-3 frames only)
+        s = args.get("_sums")
+        return {"sums": None if s is None else [s[0], s[1].hex()]}, None
     if method == "file":  # a zero-copy answer from a file, with a right or a wrong CRC
         from threefs import _C
         fd = os.open(args["path"], os.O_RDONLY)
@@ -275,4 +278,11 @@ def test_crc_covered_requests(server):
         assert _closed_by_peer(s)
         s.close()
     assert c.call(server.addr, "echo", {"n": 2}, b"ok", crc=_C.crc32c(b"ok"))[1] == b"ok"
+    # the receiver's one pass gives the handler the payload's CRC and block CRCs (for the
+    # chunk engine); a sender cannot supply them in its meta
+    d = rng.randbytes(rng.randrange(1, 3 << 20))
+    crc, blocks = _C.crc32c_sums(d)
+    got = c.call(server.addr, "sums", {}, d, crc=crc)[0]["sums"]
+    assert got == [crc, blocks.hex()] and crc == _C.crc32c(d)
+    assert c.call(server.addr, "sums", {"_sums": [crc, blocks.hex()]}, d)[0]["sums"] is None
     c.close()

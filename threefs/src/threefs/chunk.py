@@ -14,6 +14,7 @@ ChecksumError = _C.ChecksumError
 VersionError = _C.VersionError
 FSYNC_POLICIES = ("none", "data", "full")
 crc32c = _C.crc32c
+crc32c_sums = _C.crc32c_sums
 
 
 def chunk_id(inode: int, index: int) -> bytes:
@@ -56,8 +57,10 @@ class ChunkEngine:
         self._e = _C.ChunkEngine(str(root), fsync_policy, capacity_bytes, max_chunk_size)
 
     def update(self, chunk_id: bytes, ver: int, chain_ver: int, offset: int, data,
-               truncate_to: int = -1, full_replace: bool = False) -> dict:
-        """Create pending version `ver` with `data` (bytes-like, uint8) at `offset`."""
+               truncate_to: int = -1, full_replace: bool = False, sums=None) -> dict:
+        """Create pending version `ver` with `data` (bytes-like, uint8) at `offset`.
+        sums: crc32c_sums(data), computed by the caller over these bytes (e.g. while checking
+        them), used instead of a second CRC pass when data is the chunk's whole new content."""
         cid = _check_id(chunk_id)
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
@@ -67,7 +70,7 @@ class ChunkEngine:
                              f" got {offset} + {n}")
         if truncate_to > self.max_chunk_size:
             raise ValueError(f"truncate_to must be <= {self.max_chunk_size}, got {truncate_to}")
-        return self._e.update(cid, ver, chain_ver, offset, data, truncate_to, full_replace)
+        return self._e.update(cid, ver, chain_ver, offset, data, truncate_to, full_replace, sums)
 
     def commit(self, chunk_id: bytes, ver: int) -> bool:
         return self._e.commit(_check_id(chunk_id), ver)

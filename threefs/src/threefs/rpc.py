@@ -316,12 +316,17 @@ class Channel:
             raise ProtocolError(f"meta is not JSON: {e}") from None
         if not isinstance(m, dict):
             raise ProtocolError("meta is not a JSON object")
+        m.pop("_sums", None)  # set below from the payload itself, never taken from the sender
         if k == 3:  # a request whose payload is covered by the CRC32C in its (MACed) meta
             crc = m.pop("_pcrc", None)
             if not isinstance(crc, int) or not 0 <= crc < 1 << 32:
                 raise ProtocolError("kind-3 frame without a valid payload CRC")
-            if not _C.verify_crc32c(data if data is not None else b"", crc, b""):
+            # CRC and 4 KiB block CRCs in one pass: the handler hands them to the chunk engine
+            # (ChunkEngine.update(sums=)), which then need not pass over the payload again
+            sums = _C.crc32c_sums(data if data is not None else b"")
+            if sums[0] != crc:
                 raise ProtocolError(f"payload of {dlen} bytes does not match its CRC32C")
+            m["_sums"] = sums
         if k == 2:  # payload covered by its stored CRC32C instead of the MAC
             crc, bcrc = m.pop("_crc", None), m.pop("_bcrc", None)
             if (crc is None) == (bcrc is None):

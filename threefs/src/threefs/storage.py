@@ -14,7 +14,8 @@ import threading
 import time
 
 from . import rpc, shortcircuit
-from .chunk import ChecksumError, ChunkEngine, VersionError, crc32c, inode_prefix, split_chunk_id
+from .chunk import (ChecksumError, ChunkEngine, VersionError, crc32c, crc32c_sums, inode_prefix,
+                    split_chunk_id)
 from .common import MgmtdClient, setup_logging
 from .routing import Routing
 
@@ -181,7 +182,7 @@ class StorageNode:
         args.update(offset=0, truncate_to=-1, full=True)
         self.rpc.call(addr, "fwd", args, full)
 
-    def _apply(self, tid, chain, cid, ver, off, trunc, data, crc, full):
+    def _apply(self, tid, chain, cid, ver, off, trunc, data, crc, full, sums=None):
         eng = self.engines[tid]
         m = eng.meta(cid) or {"committed_ver": 0, "pending_ver": 0, "crc": 0, "pending_crc": 0}
         latest = m["pending_ver"] or m["committed_ver"]
@@ -190,7 +191,7 @@ class StorageNode:
             return  # already applied (a retried forward)
         if full:  # crc is the CRC32C of the whole new content: check the sender's claim
             nm = eng.update(cid, ver, chain["ver"], 0, data if data is not None else b"",
-                            full_replace=True)
+                            full_replace=True, sums=sums)
             if nm["pending_crc"] != crc:
                 eng.abort(cid, ver)
                 raise rpc.RpcError("CHECKSUM", "full-chunk payload does not match its CRC32C")
@@ -239,9 +240,10 @@ class StorageNode:
             whole = off == 0 and trunc < 0 and len(d) > 0 and len(d) >= base
             try:
                 if whole and self._successor(chain, tid)[0] is not None:
-                    crc = crc32c(d)
+                    sums = crc32c_sums(d)  # one pass: the forward's CRC and the engine's sums
+                    crc = sums[0]
                     self._local_and_forward(
-                        lambda: eng.update(cid, ver, chain["ver"], 0, d, -1),
+                        lambda: eng.update(cid, ver, chain["ver"], 0, d, -1, sums=sums),
                         chain, tid, cid, ver, d, crc)
                 else:
                     nm = eng.update(cid, ver, chain["ver"], off, d, trunc)
@@ -261,14 +263,17 @@ class StorageNode:
         cid = bytes.fromhex(args["chunk"])
         ver, crc, full = int(args["ver"]), int(args["crc"]), bool(args["full"])
         off, trunc = int(args["offset"]), int(args["truncate_to"])
+        # a kind-3 frame's payload CRCs, computed by rpc.Channel.recv while checking it
+        sums = args.get("_sums") if full else None
         with self.locks((tid, cid)):
             try:
                 if full and succ is not None:
                     self._local_and_forward(
-                        lambda: self._apply(tid, chain, cid, ver, off, trunc, data, crc, True),
+                        lambda: self._apply(tid, chain, cid, ver, off, trunc, data, crc, True,
+                                            sums),
                         chain, tid, cid, ver, data if data is not None else b"", crc)
                 else:
-                    self._apply(tid, chain, cid, ver, off, trunc, data, crc, full)
+                    self._apply(tid, chain, cid, ver, off, trunc, data, crc, full, sums)
                     self._forward(chain, tid, cid, ver, off, trunc, data, crc)
             except ConnectionError as e:
                 raise rpc.RpcError("RETRY", f"successor unreachable: {e}")
