@@ -6,22 +6,23 @@
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone); 2c. and for
 # the swap-AB FP8 kernel (smoke_swapab.log); 2d. and for its FLASHMLA_SWAPAB_V=2 variant (smoke_swapab_v2.log);
-# 3. all GPU tests (both kernels, BF16 and FP8); 4. bench_decode.py --kernels auto,default, quick
-# table + the FP8 table (FP8 under default, wgmma, swapab and swapab V2 beside BF16), 4b. the swap-AB
-# kernel's V1/V2 A/B at h_q 8 and 16, then the full one until 570 s.
+# 3. all GPU tests (both kernels, BF16 and FP8); 4b (first). the swap-AB kernel's V1/V2 A/B at h_q 8
+# and 16; 4. bench_decode.py --kernels auto,default, quick table + the FP8 table (FP8 under default,
+# wgmma, swapab and swapab V2 beside BF16), then the full one until 570 s.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
 # Logs and JSON go to OUTDIR (small logs packed in logs.tgz). Fits the 600 s limit of one device call.
 set -uo pipefail
 START=$(date +%s); left() { echo $(( 570 - ($(date +%s) - START) )); }   # seconds left of the call
+cap() { local t; t=$(left); [ "$t" -gt "$1" ] && t=$1; [ "$t" -lt 5 ] && t=5; echo "$t"; }   # min(left, $1), >= 5
 OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
 # the device tool returns at most 8 files: the step lines also go to steps.log, and the build, wheel,
 # smoke, test and FlashInfer logs leave packed in logs.tgz (tar xzf logs.tgz)
 exec > >(tee -a "$OUT/steps.log") 2>&1
-pack_logs() {
-  (cd "$OUT" && ls build.log wheels.log smoke*.log gpu_tests.log flashinfer_check.log 2>/dev/null \
-     | xargs -r tar czf logs.tgz && ls build.log wheels.log smoke*.log gpu_tests.log flashinfer_check.log 2>/dev/null | xargs -r rm -f)
+pack_logs() {   # (ls exits 2 when one of the names is missing: list the files first, pipefail is on)
+  (cd "$OUT" && f=$(ls build.log wheels.log smoke*.log gpu_tests.log flashinfer_check.log 2>/dev/null || true) \
+     && [ -n "$f" ] && tar czf logs.tgz $f && rm -f $f)
 }
 trap pack_logs EXIT
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -100,20 +101,20 @@ if "$PY" -c "import flashinfer" >/dev/null 2>&1; then   # JIT-compile and check 
   timeout 240 "$PY" flashmla/benchmarks/flashinfer_mla.py >"$OUT/flashinfer_check.log" 2>&1
   echo "flashinfer check: rc=$?"; tail -8 "$OUT/flashinfer_check.log"
 fi
-# the quick table first (16 shapes, includes h_q = 128), then the full one in the time that is left
-timeout 170 "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --fp8-kernels "$FP8_KERNELS" \
-  --json "$OUT/bench_quick.json" \
-  >"$OUT/bench_quick.log" 2>&1
-echo "quick bench: rc=$?"; cat "$OUT/bench_quick.log"
-# 4b. the swap-AB FP8 kernel's variants side by side (h_q 8 and 16, FP8 table only, ~80 s): V1 and
+# 4b (before the quick table, so that it always gets its time). The swap-AB FP8 kernel's variants side by
+# side (h_q 8 and 16, FP8 table only, ~80 s): V1 and
 # V2 (FLASHMLA_SWAPAB_V=2), V2 without the L2 prefetch (the prefetch A/B of V1: 0 and 2 within 2 %)
 if [[ $FP8_KERNELS == *swapab* ]]; then
   V="default,swapab"; [ -n "$SWAPAB_V2" ] && V="$V,$SWAPAB_V2,$SWAPAB_V2+FLASHMLA_L2_PREFETCH=0"
-  t=$(left); [ "$t" -gt 100 ] && t=100
-  timeout "$t" "$PY" flashmla/benchmarks/bench_decode.py --fp8 --fp8-only --no-peers --kernels auto --fp8-heads 8,16 \
+  timeout "$(cap 100)" "$PY" flashmla/benchmarks/bench_decode.py --fp8 --fp8-only --no-peers --kernels auto --fp8-heads 8,16 \
     --fp8-kernels "$V" --json "$OUT/bench_swapab_ab.json" >"$OUT/bench_swapab_ab.log" 2>&1
   echo "swapab V1/V2 A/B: rc=$?"; cat "$OUT/bench_swapab_ab.log"
 fi
+# 4. the quick table (16 shapes, includes h_q = 128), then the full one in the time that is left
+timeout "$(cap 170)" "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --fp8-kernels "$FP8_KERNELS" \
+  --json "$OUT/bench_quick.json" \
+  >"$OUT/bench_quick.log" 2>&1
+echo "quick bench: rc=$?"; cat "$OUT/bench_quick.log"
 t=$(left); [ "$t" -gt 30 ] || exit 0
 timeout "$t" "$PY" flashmla/benchmarks/bench_decode.py --kernels "$KERNELS" --json "$OUT/bench.json" >"$OUT/bench.log" 2>&1
 echo "full bench: rc=$? (124 = cut at the time limit; bench.json holds the rows measured)"
