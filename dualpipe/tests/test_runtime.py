@@ -4,7 +4,8 @@ For every case each rank checks: loss and outputs equal the reference, every par
 matches (the two DualPipe copies of a stage summed), and the ops the runtime executed (with its
 own micro-batch counters) are exactly the planner's op list for that rank. Cases: both kinds, the
 minimum and a larger num_chunks, with and without the overlapped_forward_backward hook, with and
-without return_outputs, forward-only, a permuted rank mapping (4 ranks), a 1-rank subgroup (2).
+without return_outputs, forward-only, a permuted rank mapping (4 ranks), a 1-rank subgroup (2), and
+``split_p2p=True`` (sends and receives on a process group per direction and neighbour).
 
 Configurations (one launch each; process start-up dominates the cost):
 * gloo, 2/4/8 processes, float64: relative 1e-12.
@@ -47,10 +48,15 @@ def runtime_cases(P, dtypes=("float64",)):
             for overlap in (False, True):  # inference (torch.no_grad): forward-only plan
                 cases.append(dict(kind=kind, num_chunks=2 * P, overlap=overlap, return_outputs=True,
                                   forward_only=True, trace=True, dtype=dtype))
+            # split_p2p: a process group per direction and neighbour, COMMITs wait for receives only
+            for chunks, overlap, fwd in ((2 * P, False, False), (larger, True, False), (2 * P, False, True)):
+                cases.append(dict(kind=kind, num_chunks=chunks, overlap=overlap, return_outputs=True,
+                                  forward_only=fwd, trace=True, dtype=dtype, split_p2p=True))
         if P == 4:  # a permuted rank mapping
             for kind in ("DualPipe", "DualPipeV"):
-                cases.append(dict(kind=kind, num_chunks=12, overlap=True, return_outputs=True, trace=True,
-                                  rank_mapping=[2, 0, 3, 1], dtype=dtype))
+                for split in (False, True):
+                    cases.append(dict(kind=kind, num_chunks=12, overlap=True, return_outputs=True, trace=True,
+                                      rank_mapping=[2, 0, 3, 1], dtype=dtype, split_p2p=split))
         if P == 2:  # 1-rank DualPipeV on a subgroup (the V turns on the only rank)
             for ret in (False, True):
                 cases.append(dict(kind="DualPipeV", num_chunks=3, overlap=ret, return_outputs=ret, trace=True,
