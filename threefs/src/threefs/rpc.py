@@ -199,6 +199,21 @@ def tune_socket(s: socket.socket) -> None:
             pass
 
 
+_TIMEVAL = struct.Struct("@ll")
+
+
+def set_io_timeout(sock: socket.socket, t: float | None) -> None:
+    """Blocking socket whose sends and receives time out after t seconds (None: never), through
+    the kernel (SO_SNDTIMEO / SO_RCVTIMEO). socket.settimeout would make the descriptor
+    non-blocking and poll() before every call (and its every change is an ioctl): here a
+    MSG_WAITALL receive of a whole payload is one system call. A call that times out raises
+    OSError (EAGAIN, BlockingIOError)."""
+    sock.settimeout(None)
+    tv = _TIMEVAL.pack(int(t), int((t - int(t)) * 1e6)) if t else _TIMEVAL.pack(0, 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
 def _secret_bytes(secret) -> bytes:
     if isinstance(secret, str):
         secret = secret.encode()
@@ -216,6 +231,14 @@ class Channel:
         self.send_seq = 0
         self.recv_seq = 0
         self._rbuf = None  # reused receive buffer (see recv(reuse=True))
+        self._timeout = -1.0  # what set_timeout last set (-1: not yet)
+
+    def set_timeout(self, t: float | None) -> None:
+        """set_io_timeout on this channel's socket, only when t changes (no system call per
+        request)."""
+        if t != self._timeout:
+            set_io_timeout(self.sock, t)
+            self._timeout = t
 
     def send(self, kind: int, meta: dict, data=None, fds=None, crc: int | None = None) -> None:
         """fds: descriptors passed along with the frame (SCM_RIGHTS; AF_UNIX sockets only).
@@ -557,7 +580,7 @@ class Client:
         meta = {"m": method, **(args or {})}
         ch = self._get(addr)
         try:
-            ch.sock.settimeout(timeout or self.timeout)
+            ch.set_timeout(timeout or self.timeout)
             ch.send(0, meta, data, crc=crc)
             res, rdata = ch.recv(1, None if into is None else memoryview(into).cast("B"))
         except (OSError, ProtocolError) as e:
@@ -577,7 +600,7 @@ class Client:
         the server's work with its own (the client's sequential readahead uses this)."""
         ch = self._get(addr)
         try:
-            ch.sock.settimeout(timeout or self.timeout)
+            ch.set_timeout(timeout or self.timeout)
             ch.send(0, {"m": method, **(args or {})}, data, crc=crc)
         except (OSError, ProtocolError) as e:
             ch.close()

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import threading
 import time
 
@@ -202,12 +201,9 @@ class Client:
             s.close()
             self._no_sc[addr] = time.monotonic() + RETRY_AFTER_S
             raise Fallback(f"short-circuit socket of {addr} answered as {res.get('addr')}")
-        # timeouts enforced by the kernel (SO_RCVTIMEO/SNDTIMEO: an EAGAIN error) on a blocking
-        # socket: one system call per receive instead of Python's poll + receive
-        s.settimeout(None)
-        tv = struct.pack("ll", int(self.timeout), int(self.timeout % 1 * 1e6))
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        # timeouts enforced by the kernel on a blocking socket (rpc.set_io_timeout): one system
+        # call per receive instead of Python's poll + receive
+        ch.set_timeout(self.timeout)
         self._no_sc.pop(addr, None)
         return _Conn(ch)
 
