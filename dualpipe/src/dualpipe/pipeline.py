@@ -105,11 +105,17 @@ class PipelineBase(nn.Module):
                              f"{dist.get_process_group_ranks(self.group)} of {world.size()}")
         cache = _DIRECTION_GROUPS.setdefault(id(world), {})
         groups = {}
+        me = self.group.rank()
         for lo in range(self.num_ranks - 1):  # same order on every rank
             a, b = self.rank_inverse_mapping[lo], self.rank_inverse_mapping[lo + 1]
             for src, dst in ((a, b), (b, a)):
                 if (src, dst) not in cache:
-                    cache[(src, dst)] = dist.new_group(sorted((src, dst)))
+                    cache[(src, dst)] = g = dist.new_group(sorted((src, dst)))
+                    # set the pair's communicator up now, in this common order: NCCL does it at a group's
+                    # first operation and blocks the caller meanwhile, so two ranks whose first use of
+                    # two groups came in opposite orders (DualPipe: both ends send first) would wait forever
+                    if me in (src, dst):
+                        dist.all_reduce(torch.zeros(1, device=self._collective_device()), group=g)
                 groups[(src, dst)] = cache[(src, dst)]
         return groups
 
