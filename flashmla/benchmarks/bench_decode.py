@@ -61,7 +61,7 @@ def sdpa_baseline(q, kc, bt, sl, lmax, causal):
     return o.view(b, s_q, h_q, 512)
 
 
-KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT", "FLASHMLA_SWAPAB_V")
+KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT")
 
 
 def parse_variant(spec):

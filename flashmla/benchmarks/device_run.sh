@@ -5,10 +5,9 @@
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone); 2c. and for
-# the swap-AB FP8 kernel (smoke_swapab.log); 2d. and for its FLASHMLA_SWAPAB_V=2 variant (smoke_swapab_v2.log);
-# 3. all GPU tests (both kernels, BF16 and FP8); 4b (first). the swap-AB kernel's V1/V2 A/B at h_q 8
-# and 16; 4. bench_decode.py --kernels auto,default, quick table + the FP8 table (FP8 under default,
-# wgmma, swapab and swapab V2 beside BF16), then the full one until 570 s.
+# the swap-AB FP8 kernel (smoke_swapab.log);
+# 3. all GPU tests (both kernels, BF16 and FP8); 4. bench_decode.py --kernels auto,default, quick
+# table + the FP8 table (FP8 under default, wgmma and swapab beside BF16), then the full one until 570 s.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -67,29 +66,14 @@ if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA erro
   echo "fp8 wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; FP8_KERNELS=${FP8_KERNELS/wgmma,/}
   EXCL+=("(fp8 and wgmma)")
 fi
-# 2c. the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, <= 16 query rows; first run ever): same treatment
+# 2c. the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, <= 16 query rows, auto for the FP8 cache): same treatment
 timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-  -k "(test_fp8_swapab_matches_default_kernel and v1) or (test_fp8_swapab_sweep and 7-65 and v1)" >"$OUT/smoke_swapab.log" 2>&1
+  -k "test_fp8_swapab_matches_default_kernel or (test_fp8_swapab_sweep and 7-65)" >"$OUT/smoke_swapab.log" 2>&1
 rc=$?; echo "fp8 swapab smoke: rc=$rc ($(tail -1 "$OUT/smoke_swapab.log"))"
 grep -E "^(FAILED|E  )" "$OUT/smoke_swapab.log" | head -8
-SWAPAB_OK=1
 if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_swapab.log"; then
   echo "fp8 swapab kernel hangs or crashes: dropped from the tests and the benchmark"
-  FP8_KERNELS=${FP8_KERNELS%,swapab}; EXCL+=("swapab"); SWAPAB_OK=0
-fi
-# 2d. its FLASHMLA_SWAPAB_V=2 variant (integer e4m3 decode; first run ever): a hang or crash drops V2 alone
-SWAPAB_V2=""
-if [ $SWAPAB_OK -eq 1 ]; then
-  timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-    -k "(test_fp8_swapab_matches_default_kernel and v2) or (test_fp8_swapab_sweep and 7-65 and v2) or test_fp8_swapab_v2_bit_identical" \
-    >"$OUT/smoke_swapab_v2.log" 2>&1
-  rc=$?; echo "fp8 swapab V2 smoke: rc=$rc ($(tail -1 "$OUT/smoke_swapab_v2.log"))"
-  grep -E "^(FAILED|E  )" "$OUT/smoke_swapab_v2.log" | head -8
-  if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_swapab_v2.log"; then
-    echo "fp8 swapab V2 hangs or crashes: dropped from the tests and the benchmark"; EXCL+=("(swapab and v2)")
-  else
-    SWAPAB_V2=swapab+FLASHMLA_SWAPAB_V=2; FP8_KERNELS="$FP8_KERNELS,$SWAPAB_V2"
-  fi
+  FP8_KERNELS=${FP8_KERNELS%,swapab}; EXCL+=("swapab")
 fi
 SEL=()
 if [ ${#EXCL[@]} -gt 0 ]; then expr="not ${EXCL[0]}"; for e in "${EXCL[@]:1}"; do expr="$expr and not $e"; done; SEL=(-k "$expr"); fi
@@ -100,15 +84,6 @@ grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
 if "$PY" -c "import flashinfer" >/dev/null 2>&1; then   # JIT-compile and check FlashInfer's MLA once
   timeout 240 "$PY" flashmla/benchmarks/flashinfer_mla.py >"$OUT/flashinfer_check.log" 2>&1
   echo "flashinfer check: rc=$?"; tail -8 "$OUT/flashinfer_check.log"
-fi
-# 4b (before the quick table, so that it always gets its time). The swap-AB FP8 kernel's variants side by
-# side (h_q 8 and 16, FP8 table only, ~80 s): V1 and
-# V2 (FLASHMLA_SWAPAB_V=2), V2 without the L2 prefetch (the prefetch A/B of V1: 0 and 2 within 2 %)
-if [[ $FP8_KERNELS == *swapab* ]]; then
-  V="default,swapab"; [ -n "$SWAPAB_V2" ] && V="$V,$SWAPAB_V2,$SWAPAB_V2+FLASHMLA_L2_PREFETCH=0"
-  timeout "$(cap 100)" "$PY" flashmla/benchmarks/bench_decode.py --fp8 --fp8-only --no-peers --kernels auto --fp8-heads 8,16 \
-    --fp8-kernels "$V" --json "$OUT/bench_swapab_ab.json" >"$OUT/bench_swapab_ab.log" 2>&1
-  echo "swapab V1/V2 A/B: rc=$?"; cat "$OUT/bench_swapab_ab.log"
 fi
 # 4. the quick table (16 shapes, includes h_q = 128), then the full one in the time that is left
 timeout "$(cap 170)" "$PY" flashmla/benchmarks/bench_decode.py --quick --fp8 --kernels "$KERNELS" --fp8-kernels "$FP8_KERNELS" \

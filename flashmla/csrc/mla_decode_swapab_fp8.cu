@@ -37,8 +37,6 @@
 
 #include <cuda_fp8.h>
 
-#include <cstdlib>
-
 namespace flashmla {
 namespace {
 
@@ -96,28 +94,6 @@ __device__ __forceinline__ uint32_t dq2s(uint32_t two, float sc) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack_bf16(f.x * sc, f.y * sc);
 }
-// FLASHMLA_SWAPAB_V=2: the same values without the conversion unit's unpack (F2FP.F16.E4M3.UNPACK_B,
-// HADD2.F32), which on Hopper issues at a fraction of the ALU rate and made the dequantiser the bound
-// (BENCHMARKS.md, "swap-AB per-page budget"). An e4m3 byte in bits 24..31 of y becomes the fp32 of
-// its value x 2^-120 by integer ops alone: sign to bit 31, exponent and mantissa to bits 26..20 (the
-// e4m3 exponent field lands in the fp32 one; e4m3 subnormals become fp32 subnormals, exactly).
-__device__ __forceinline__ float e4m3_top_f32(uint32_t y) {
-  return __int_as_float((static_cast<int32_t>(y) >> 4) & static_cast<int32_t>(0x87f00000u));
-}
-// a * b rounded once, subnormal inputs and results kept (no .ftz, whatever --use_fast_math says)
-__device__ __forceinline__ float mul_rn_noftz(float a, float b) {
-  float r;
-  asm("mul.rn.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-// four e4m3 (one word, the lowest column in the low byte) -> two words of bf16 pairs, each value
-// times the scale rounded once to bf16; scp = scale x 2^120 (finite: the caller checks scale < 2^8).
-// (e4m3 x 2^-120) x (scale x 2^120) is the same real product as e4m3 x scale, so the fp32 rounding
-// and the bf16 rounding match dq2s bit for bit (apart from dq2s's flush of subnormal products).
-__device__ __forceinline__ void dq4_bits(uint32_t x, float scp, uint32_t& lo, uint32_t& hi) {
-  lo = pack_bf16(mul_rn_noftz(e4m3_top_f32(x << 24), scp), mul_rn_noftz(e4m3_top_f32(x << 16), scp));
-  hi = pack_bf16(mul_rn_noftz(e4m3_top_f32(x << 8), scp), mul_rn_noftz(e4m3_top_f32(x), scp));
-}
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
   return *reinterpret_cast<const uint16_t*>(&h);
@@ -174,31 +150,6 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta& 
 // of each chunk; its two 16-byte stores go to units 2(cc&3), 2(cc&3)+1 of slab cc>>2, the odd
 // slabs' lanes storing their second unit first, so that each quarter warp's store hits 8 distinct
 // units (conflict-free). RoPE: thread t copies 16 bytes (unit t&7) of token t>>3.
-// V1: a chunk's 4 tokens of this thread through the conversion unit (dq2s), rows past the request
-// zeroed, stored into the bf16 stage (see sab_dequant)
-__device__ __forceinline__ void sab_dq_v1(uint4 (&v)[4], float (&sc)[4], int q, int w4, int valid, uint32_t st,
-                                          int cc, int ua, bool odd) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = q * CH_TOK + w4 + 4 * i;
-    if (row >= valid) v[i] = make_uint4(0, 0, 0, 0), sc[i] = 0.f;  // NaN x 0 would stay NaN
-    const uint32_t x0 = dq2s(v[i].x & 0xffffu, sc[i]), x1 = dq2s(v[i].x >> 16, sc[i]);
-    const uint32_t x2 = dq2s(v[i].y & 0xffffu, sc[i]), x3 = dq2s(v[i].y >> 16, sc[i]);
-    const uint32_t y0 = dq2s(v[i].z & 0xffffu, sc[i]), y1 = dq2s(v[i].z >> 16, sc[i]);
-    const uint32_t y2 = dq2s(v[i].w & 0xffffu, sc[i]), y3 = dq2s(v[i].w >> 16, sc[i]);
-    const uint32_t rb = st + (cc >> 2) * SLAB + row * 128;
-    const int r7 = row & 7;
-    if (!odd) {
-      sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
-      sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
-    } else {
-      sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
-      sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
-    }
-  }
-}
-
-template <int V>
 __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta& c, int t) {
   const int w4 = t >> 5, cc = t & 31;
   const bool odd = (cc >> 2) & 1;
@@ -225,36 +176,23 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta& c
           sc[i] = lds_f32(src + tk * SAB_TOKEN + D_V + (cc >> 3) * 4);
         }
         uint4 rope = lds128(src + rtk * SAB_TOKEN + D_V + 16 + ru * 16);
-        // V2 (FLASHMLA_SWAPAB_V=2): integer e4m3 decode, unless a scale of this warp's chunk is
-        // >= 2^8 (scale x 2^120 would overflow; real caches have scales ~ amax / 448, far below):
-        // then the V1 code (sab_dq_v1), which V1 runs alone
-        if constexpr (V == 2) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (q * CH_TOK + w4 + 4 * i >= valid) v[i] = make_uint4(0, 0, 0, 0), sc[i] = 0.f;
-          if (!__any_sync(0xffffffffu, !(sc[0] < 0x1p8f && sc[1] < 0x1p8f && sc[2] < 0x1p8f && sc[3] < 0x1p8f))) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int row = q * CH_TOK + w4 + 4 * i;
-              const float scp = sc[i] * 0x1p120f;
-              uint32_t x0, x1, x2, x3, y0, y1, y2, y3;
-              dq4_bits(v[i].x, scp, x0, x1), dq4_bits(v[i].y, scp, x2, x3);
-              dq4_bits(v[i].z, scp, y0, y1), dq4_bits(v[i].w, scp, y2, y3);
-              const uint32_t rb = st + (cc >> 2) * SLAB + row * 128;
-              const int r7 = row & 7;
-              if (!odd) {
-                sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
-                sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
-              } else {
-                sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
-                sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
-              }
-            }
+        for (int i = 0; i < 4; ++i) {
+          const int row = q * CH_TOK + w4 + 4 * i;
+          if (row >= valid) v[i] = make_uint4(0, 0, 0, 0), sc[i] = 0.f;  // NaN x 0 would stay NaN
+          const uint32_t x0 = dq2s(v[i].x & 0xffffu, sc[i]), x1 = dq2s(v[i].x >> 16, sc[i]);
+          const uint32_t x2 = dq2s(v[i].y & 0xffffu, sc[i]), x3 = dq2s(v[i].y >> 16, sc[i]);
+          const uint32_t y0 = dq2s(v[i].z & 0xffffu, sc[i]), y1 = dq2s(v[i].z >> 16, sc[i]);
+          const uint32_t y2 = dq2s(v[i].w & 0xffffu, sc[i]), y3 = dq2s(v[i].w >> 16, sc[i]);
+          const uint32_t rb = st + (cc >> 2) * SLAB + row * 128;
+          const int r7 = row & 7;
+          if (!odd) {
+            sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
+            sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
           } else {
-            sab_dq_v1(v, sc, q, w4, valid, st, cc, ua, odd);
+            sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
+            sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
           }
-        } else {
-          sab_dq_v1(v, sc, q, w4, valid, st, cc, ua, odd);
         }
         {
           const int row = q * CH_TOK + rtk;
@@ -441,7 +379,6 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
   }
 }
 
-template <int V>
 __global__ void __launch_bounds__(SAB_THREADS, 1)
     mla_decode_swapab_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -477,7 +414,7 @@ __global__ void __launch_bounds__(SAB_THREADS, 1)
     return;
   }
   if (warp < 4) {
-    sab_dequant<V>(a, c, threadIdx.x);
+    sab_dequant(a, c, threadIdx.x);
     return;
   }
   const int t = threadIdx.x - 128;
@@ -511,15 +448,10 @@ int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream) {
          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return -1;
-  // FLASHMLA_SWAPAB_V: 1 (unset) the dequantiser above with the conversion unit, 2 the integer
-  // e4m3 decode (same bf16 values; BENCHMARKS.md, "swap-AB per-page budget"); else invalid argument
-  const char* ver = getenv("FLASHMLA_SWAPAB_V");
-  const int v = ver && ver[0] ? atoi(ver) : 1;
-  if (v != 1 && v != 2) return cudaErrorInvalidValue;
-  auto kern = v == 2 ? mla_decode_swapab_fp8_kernel<2> : mla_decode_swapab_fp8_kernel<1>;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S_SMEM);
+  cudaError_t e =
+      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S_SMEM);
   if (e != cudaSuccess) return e;
-  kern<<<dim3(1, a.parts), SAB_THREADS, S_SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
+  mla_decode_swapab_fp8_kernel<<<dim3(1, a.parts), SAB_THREADS, S_SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
   return cudaGetLastError();
 }
 

@@ -342,20 +342,13 @@ def poison_fp8_tails(k8, bt, sl):
             k8[bt[b, L // 64].item(), L % 64:] = 0xFF
 
 
-# FLASHMLA_SWAPAB_V: 1 (unset) the dequantiser through the conversion unit, 2 the integer e4m3
-# decode (same bf16 values, bit for bit; csrc/models/swapab_fp8_model.py checks every code)
-SWAPAB_VERSIONS = [pytest.param("1", id="v1"), pytest.param("2", id="v2")]
-
-
-@pytest.mark.parametrize("swapab_v", SWAPAB_VERSIONS)
 @pytest.mark.parametrize("batch,seqlen,hs", SWAPAB_SWEEP)
-def test_fp8_swapab_sweep(batch, seqlen, hs, swapab_v, monkeypatch):
+def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
     """FP8 cache under the swap-AB kernel vs the reference on the dequantised cache (the BF16
     tolerances), ragged lengths incl. 0, NaN bytes past every length, causal when s_q > 1."""
     need_kernel()
     h_q, s_q = hs
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    monkeypatch.setenv("FLASHMLA_SWAPAB_V", swapab_v)
     seed = hash((batch, seqlen, h_q, s_q, "swapab")) % 10000
     rng = random.Random(seed)
     lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
@@ -367,14 +360,12 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, swapab_v, monkeypatch):
     check(out, lse, ro, rl)
 
 
-@pytest.mark.parametrize("swapab_v", SWAPAB_VERSIONS)
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1)])
-def test_fp8_swapab_matches_default_kernel(h_q, s_q, swapab_v, monkeypatch):
+def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
     """Swap-AB against the default kernel on one quantised cache: both sides of the exact-P
     threshold (1024 keys), page-aligned and 1/63-token tails (0xFF past them), a zero-length request
     (out 0, lse +inf) and a long request split over several parts."""
     need_kernel()
-    monkeypatch.setenv("FLASHMLA_SWAPAB_V", swapab_v)
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=17 * h_q + s_q)
     k8 = flashmla.quantize_kvcache(kc)
@@ -404,12 +395,10 @@ def test_fp8_swapab_falls_back(monkeypatch):
     check(*run(q, kc, bt, sl), *flashmla.mla_decode_ref(q, kc, bt, sl, 512))
 
 
-@pytest.mark.parametrize("swapab_v", SWAPAB_VERSIONS)
-def test_fp8_swapab_deterministic_and_poisoned_output_written(swapab_v, monkeypatch):
+def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
     """Two calls give bit-identical results, and a NaN-poisoned output is fully overwritten."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    monkeypatch.setenv("FLASHMLA_SWAPAB_V", swapab_v)
     q, kc, bt, sl = make_inputs(12, [3000, 10, 0, 700, 64, 129] * 2, 16, 1, device=DEV, seed=4)
     k8 = flashmla.quantize_kvcache(kc)
     meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
@@ -424,13 +413,11 @@ def test_fp8_swapab_deterministic_and_poisoned_output_written(swapab_v, monkeypa
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize("swapab_v", SWAPAB_VERSIONS)
-def test_fp8_swapab_cuda_graph_replay(swapab_v, monkeypatch):
+def test_fp8_swapab_cuda_graph_replay(monkeypatch):
     """The swap-AB path captured in a CUDA graph and replayed with new lengths (0, tails inside a
     page), each replay checked against the reference on the dequantised cache."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    monkeypatch.setenv("FLASHMLA_SWAPAB_V", swapab_v)
     batch, h_q, s_q, cap = 6, 8, 2, 4160
     q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=13)
     k8 = flashmla.quantize_kvcache(kc)
@@ -446,31 +433,6 @@ def test_fp8_swapab_cuda_graph_replay(swapab_v, monkeypatch):
     check_replays(graph, g_out, g_lse, static_sl, cap,
                   lambda: flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512, causal=True),
                   page_tails=True)
-
-
-@pytest.mark.parametrize("big_scales", [False, True])
-def test_fp8_swapab_v2_bit_identical_to_v1(big_scales, monkeypatch):
-    """FLASHMLA_SWAPAB_V=2 decodes e4m3 with integer ops into the same bf16 values as V1's conversion
-    unit, so out and lse are bit-identical. big_scales: every other page x 2^16 (scales >= 2^8,
-    where V2's chunks take the V1 code) beside normal pages, in the same requests."""
-    need_kernel()
-    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    lens = [5000, 1, 0, 700, 64, 4160, 33, 1500]
-    q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=23)
-    if big_scales:
-        kc[::2] *= 2.0 ** 16
-    k8 = flashmla.quantize_kvcache(kc)
-    poison_fp8_tails(k8, bt, sl)
-    res = []
-    for v in ("1", "2"):
-        monkeypatch.setenv("FLASHMLA_SWAPAB_V", v)
-        res.append(run(q, k8, bt, sl, fp8=True))
-    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
-    if not big_scales:
-        check(*res[1], *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512))
-    monkeypatch.setenv("FLASHMLA_SWAPAB_V", "3")
-    with pytest.raises(RuntimeError):
-        run(q, k8, bt, sl, fp8=True)
 
 
 def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):

@@ -48,5 +48,5 @@ def test_swapab_fp8_model_passes_and_catches_mutants():
     passes over random schedules, and each deliberately broken offset, count, wait or buffer is caught."""
     res = _model("swapab_fp8_model.py", "--trials", "100", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 17 mutants caught" in res.stdout
+    assert "all 14 mutants caught" in res.stdout
 
