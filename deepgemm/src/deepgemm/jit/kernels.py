@@ -56,6 +56,14 @@ TMA_STORE_MAX_K = 2048
 # waves, fewer busy SMs: less power, so higher clocks, as DeepGEMM does); DEEPGEMM_MIN_SMS=0|1 overrides.
 # Off by default: not yet measured.
 MIN_SMS_DEFAULT = "0"
+# Cross-CTA split-K for FP8 dense GEMMs at M <= 128 (one M tile row: without it every CTA streams all of A
+# over the whole K range): S slices of the K blocks per tile, FP32 partials in a cached workspace, the last
+# CTA of a tile sums them in slice order (sm90_gemm.cuh, SPLITK). DEEPGEMM_SPLIT_K=0|auto|<S> overrides
+# (auto: the cost model's tiles and S, off where it predicts no gain). Off by default: compile-checked, not
+# yet measured (BENCHMARKS.md, "Prepared, not yet measured: split-K at M <= 128").
+SPLIT_K_DEFAULT = "0"
+SPLIT_K_MAX = 16
+SPLIT_K_GAIN = 0.9  # auto splits only where the model's cost is below this fraction of the unsplit choice's
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -87,6 +95,7 @@ class Config:
     tstore: int = 0  # 1 (dense, BF16 out, staged, BN % 64 == 0): epilogue through TMA stores
     min_sms: int = 0  # 1: launch only as many CTAs as the waves of tiles need (launch_grid)
     rs: int = 0  # 1 (FP8 BN = 256): WGMMAs take A from registers (DEEPGEMM_BN256=2)
+    splitk: int = 0  # S >= 2 (FP8 dense, M <= 128): cross-CTA split-K into S slices of K (DEEPGEMM_SPLIT_K)
 
     @property
     def threads(self) -> int:
@@ -146,6 +155,50 @@ def tile_cost(bm: int, bn: int) -> float:
     return max(mma, load)
 
 
+def split_k_bounds(kb: int, s: int) -> list[tuple[int, int]]:
+    """K blocks [lo, hi) of each of the s slices of kb 128-wide K blocks, as the kernel cuts them
+    (slice i: [i * kb // s, (i + 1) * kb // s); sizes differ by at most one, none empty for s <= kb)."""
+    return [(i * kb // s, (i + 1) * kb // s) for i in range(s)]
+
+
+def split_k_cost(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int) -> float:
+    """The model's time of a split-K launch in tile_cost units: the waves of (tile, slice) units times the
+    longest slice's K blocks, plus the last unit's tail: writing its FP32 partial, the counter's fenced
+    atomic (~one 64 x 128 K block) and reading the s partials back (0.5 per byte as tile_cost's loads,
+    doubled: the reads are a dependent chain of L2 round trips, not a prefetched TMA stream)."""
+    kb = k // 128
+    units = ceil_div(max(m, 1), bm) * ceil_div(n, bn) * s
+    part = bm * bn * 4
+    return ceil_div(units, num_sms) * ceil_div(kb, s) * tile_cost(bm, bn) + 0.5 * part + 12288 + s * part
+
+
+def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto") -> tuple[int, int, int] | None:
+    """(BM, BN, S) for an FP8 dense GEMM with M <= SMALL_M under DEEPGEMM_SPLIT_K=s_env ("auto" or an
+    integer S >= 2, capped at the K blocks and SPLIT_K_MAX), or None (no split: "0", M too large, one K
+    block, or auto where the model predicts less than a 1 / SPLIT_K_GAIN speed-up)."""
+    if s_env == "0" or m > SMALL_M or k // 128 < 2:
+        return None
+    kb = k // 128
+    s_fixed = None if s_env == "auto" else min(int(s_env), kb, SPLIT_K_MAX)
+    if s_fixed is not None and s_fixed < 2:
+        return None
+    best = None
+    for bm in BLOCK_MS:
+        if bm > 64 and m <= 64:
+            continue
+        for bn in BLOCK_NS_FP8:
+            for s in ((s_fixed,) if s_fixed else range(2, min(kb, SPLIT_K_MAX) + 1)):
+                cand = (split_k_cost(m, n, k, num_sms, bm, bn, s), s, -bn, bm)
+                if best is None or cand < best[0]:
+                    best = (cand, bm, bn, s)
+    if s_fixed is None:
+        bm0, bn0 = choose_blocks(m, n, 1, num_sms)
+        plain = ceil_div(ceil_div(max(m, 1), bm0) * ceil_div(n, bn0), num_sms) * kb * tile_cost(bm0, bn0)
+        if best[0][0] >= SPLIT_K_GAIN * plain:
+            return None
+    return best[1], best[2], best[3]
+
+
 def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
                   small_m_bn: str = SMALL_M_BN_DEFAULT, bn256: bool = False) -> tuple[int, int]:
     """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems.
@@ -197,14 +250,15 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_BLOCKS", ""),
                         os.environ.get("DEEPGEMM_BN256", BN256_DEFAULT),
                         os.environ.get("DEEPGEMM_TMA_STORE", TMA_STORE_DEFAULT),
-                        os.environ.get("DEEPGEMM_MIN_SMS", MIN_SMS_DEFAULT))
+                        os.environ.get("DEEPGEMM_MIN_SMS", MIN_SMS_DEFAULT),
+                        os.environ.get("DEEPGEMM_SPLIT_K", SPLIT_K_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
-                 tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT) -> Config:
+                 tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if min_sms_env not in ("0", "1"):
@@ -216,6 +270,19 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                       max_stages(fp8, k, bm, 64, swap=1), 0, 0, int(swap_env), min_sms=min_sms)
     if bn256_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_BN256: expected 0, 1 or 2, got {bn256_env!r}")
+    if split_k_env != "auto" and not (split_k_env.isdigit() and int(split_k_env) <= 1024):
+        raise ValueError(f"DEEPGEMM_SPLIT_K: expected 0, auto or a slice count such as 4, got {split_k_env!r}")
+    split = choose_split_k(m_hint, n, k, num_sms, split_k_env) if fp8 and kind == "dense" else None
+    if split is not None:  # FP8 dense, M <= 128: cross-CTA split-K, direct epilogue, no PIPE/multicast/TMA store
+        bm, bn, s = split
+        if blocks_env:
+            bm, bn = parse_blocks(blocks_env, fp8)
+            if bn > 128:
+                raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
+        ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
+        stages = max_stages(fp8, k, bm, bn, ksplit=ksplit)
+        return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, 0, ksplit,
+                      min_sms=min_sms, splitk=s)
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0")
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
@@ -269,8 +336,8 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
 
 
 def _trailing_args(cfg: Config) -> str:
-    """gemm_body's optional template arguments PIPE, MCAST, TSTORE, RS, up to the last non-zero one."""
-    vals = [cfg.pipe, cfg.mcast, cfg.tstore, cfg.rs]
+    """gemm_body's optional template arguments PIPE, MCAST, TSTORE, RS, SPLITK, up to the last non-zero one."""
+    vals = [cfg.pipe, cfg.mcast, cfg.tstore, cfg.rs, cfg.splitk]
     while vals and not vals[-1]:
         vals.pop()
     return "".join(f", {v}" for v in vals)
@@ -297,7 +364,7 @@ def wgmma_rs_specialisation(n: int) -> str:
 def _source_fields(cfg: Config) -> dict:
     """The configuration as the source's first line records it: min_sms only sizes the grid (one kernel, one
     cache entry for both values), and a zero tstore is left out (the default kernels' first line as before)."""
-    return {k: v for k, v in asdict(cfg).items() if k != "min_sms" and not (k in ("tstore", "rs") and v == 0)}
+    return {k: v for k, v in asdict(cfg).items() if k != "min_sms" and not (k in ("tstore", "rs", "splitk") and v == 0)}
 
 
 def kernel_source(cfg: Config) -> str:
@@ -323,9 +390,10 @@ def kernel_source(cfg: Config) -> str:
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c,\n"
         "    const int* grouped, int M, int num_groups, int a_box_rows, int sfa_box"
-        + (", const __grid_constant__ dg::TmaDesc tma_d" if cfg.tstore else "") + ") {\n"
+        + (", const __grid_constant__ dg::TmaDesc tma_d" if cfg.tstore else "")
+        + (", float* ws, int* tile_ctr" if cfg.splitk else "") + ") {\n"
         f"  dg::{body}<{args}>(tma_a, tma_b, tma_sfa, sfb, d, c, grouped, M, num_groups, a_box_rows, sfa_box"
-        + (", &tma_d" if cfg.tstore else "") + ");\n"
+        + (", &tma_d" if cfg.tstore else "") + (", nullptr, ws, tile_ctr" if cfg.splitk else "") + ");\n"
         "}\n"
     )
 
@@ -402,11 +470,41 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),
             vp(c.data_ptr() if c is not None else 0), vp(grouped.data_ptr() if grouped is not None else 0),
             ctypes.c_int(m_sched), ctypes.c_int(num_groups), ctypes.c_int(a_box), ctypes.c_int(sfa_box)]
+    if cfg.splitk:  # FP32 partials [tiles, S, BM * BN] and one int32 counter per tile (zero between launches)
+        ws, ctr = split_k_workspace(d.device, tiles * cfg.bm * cfg.bn, tiles // cfg.splitk)
+        args += [vp(ws.data_ptr()), vp(ctr.data_ptr())]
     if cfg.tstore:  # D as [M, N] BF16, 64 x 64 boxes, 128-byte swizzle (the kernel's shared-memory layout)
         args.append(runtime.tensor_map_2d(d.data_ptr(), runtime.DT_BFLOAT16, n, d.numel() // n, n * 2, 64, 64,
                                           runtime.SWIZZLE_128B))
     kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(),
                 launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args)
+
+
+_workspaces: dict = {}
+_retired: list = []  # replaced workspaces stay alive: a captured CUDA graph may still use them
+
+
+def split_k_workspace(device: torch.device, floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 partials (>= floats) and int32 tile counters (>= counters, all zero) for split-K launches on the
+    current stream of `device`, cached per (device, stream) and grown when a call needs more. The kernel
+    leaves the counters at zero, so a buffer is zeroed only when allocated. While a CUDA graph is being
+    captured a buffer that is too small is not grown: the call gets its own (its zeroing is captured with it)."""
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream)
+    hit = _workspaces.get(key)
+    if hit is not None and hit[0].numel() >= floats and hit[1].numel() >= counters:
+        return hit
+    fresh = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
+             torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
+    if torch.cuda.is_current_stream_capturing():
+        _retired.append(fresh)
+        return fresh
+    if hit is not None:
+        _retired.append(hit)
+        fresh = (torch.empty(max(floats, hit[0].numel()), dtype=torch.float32, device=device),
+                 torch.zeros(max(counters, hit[1].numel()), dtype=torch.int32, device=device))
+    _workspaces[key] = fresh
+    return fresh
 
 
 def launch_grid(cfg: Config, tiles: int, num_sms: int) -> int:
@@ -432,7 +530,7 @@ def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     if fp8:
         _check_sf_ptr(sfa)
     cfg = make_config("dense", fp8, d, c, n, k, m, 1)
-    tiles = ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn)
+    tiles = ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn) * max(cfg.splitk, 1)  # split-K: (tile, slice) units
     _launch(cfg, a, sfa, b, sfb, d, c, None, m, 1, tiles)
 
 

@@ -94,6 +94,20 @@ __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
+// L2-only (L1-bypassing) global accesses for the split-K workspace, and a named barrier that ORs a predicate
+__device__ __forceinline__ void st_cg(float* p, float v) { asm volatile("st.global.cg.f32 [%0], %1;" :: "l"(p), "f"(v) : "memory"); }
+__device__ __forceinline__ float ld_cg(const float* p) {
+  float v; asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory"); return v;
+}
+__device__ __forceinline__ float shfl_idx(float v, int src) {
+  float r; asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(src)); return r;
+}
+__device__ __forceinline__ u32 bar_red_or(u32 id, u32 threads, u32 pred) {
+  u32 r;
+  asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 q, %3, 0;\n bar.red.or.pred p, %1, %2, q;\n selp.u32 %0, 1, 0, p;\n}"
+               : "=r"(r) : "r"(id), "r"(threads), "r"(pred) : "memory");
+  return r;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending> __device__ __forceinline__ void wgmma_wait() {
@@ -242,13 +256,23 @@ struct SmemPlan {
 // epilogue writes one 128-byte-swizzled 64 x 64 box per 64-column pass (placed after the B stages, 1024-
 // aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [M, N]); it waits for the previous
 // tile's stores to have read the boxes before rewriting them, and for all of them before the CTA exits.
+// SPLITK = S > 0 (DEEPGEMM_SPLIT_K; FP8 dense, direct epilogue, no PIPE/MCAST/TSTORE/wide tile): cross-CTA
+// split-K. A work unit is (tile, slice): slice s of S takes K blocks [s * KB / S, (s + 1) * KB / S) (at least
+// one each: S <= KB). Each unit accumulates its slice as usual (same per-block promotion), writes its FP32
+// partial tile to workspace slot (tile * S + s) of ws (BM * BN floats, register-native layout: element
+// i * ET + tid holds accumulator register i of epilogue thread tid, so every access is coalesced), then
+// each writing thread fences (__threadfence) and, after a barrier, one thread adds 1 to the tile's counter
+// (tile_ctr, int32, zero between launches). The unit that brings it to S is the tile's last: it resets the
+// counter to 0 (CUDA graph replays need no memset), fences again (acquire), and its threads sum the S
+// partials from L2 in slice order 0..S-1 (deterministic: not in arrival order), then run the direct
+// epilogue (C added, output type converted) on the sum. Other units write nothing to D.
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
-          int PIPE = 0, int MCAST = 0, int TSTORE = 0, int RS = 0>
+          int PIPE = 0, int MCAST = 0, int TSTORE = 0, int RS = 0, int SPLITK = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
                                           int M, int num_groups, int a_box_rows, int sfa_box,
-                                          const TmaDesc* tma_d = nullptr) {
+                                          const TmaDesc* tma_d = nullptr, float* ws = nullptr, int* tile_ctr = nullptr) {
   constexpr int NUM_MATH_WG = KSPLIT ? 2 : BM / 64;
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
@@ -275,6 +299,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   static_assert(!WIDE || (BM == 128 && !KSPLIT && !PIPE && !MCAST), "FP8 BN = 256: BM = 128, no KSPLIT/PIPE/MCAST");
   static_assert(!RS || WIDE, "RS (A from registers): the wide FP8 tile only");
   static_assert(K % KEL == 0, "K");
+  static_assert(!SPLITK || (FP8 && KIND == kDense && EPI == 0 && !PIPE && !MCAST && !TSTORE && !WIDE && SPLITK <= KB),
+                "SPLITK: FP8 dense, direct epilogue, no PIPE/MCAST/TSTORE/wide tile, S <= K blocks");
+  constexpr int NU_ALL = NB * (SPLITK ? SPLITK : 1);  // SPLITK: scheduler units (slice-major: u = s * NB + n)
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   u32 base = smem_addr(smem_raw);
@@ -316,14 +343,21 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     // producer warpgroup: one thread streams K blocks of every tile of this CTA
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (warp == NUM_MATH_WG * 4 && lane == 0) {
-      Scheduler<KIND, BM, NB, MCAST> sched(M, num_groups, grouped);
+      Scheduler<KIND, BM, NU_ALL, MCAST> sched(M, num_groups, grouped);
       int m_blk, n_blk, g;
       u32 it = 0;
       while (sched.next(m_blk, n_blk, g)) {
+        int kb_lo = 0, kb_hi = KB;  // SPLITK: this unit's slice of the K blocks
+        if constexpr (SPLITK) {
+          const int slice = n_blk / NB;
+          n_blk -= slice * NB;
+          kb_lo = slice * KB / SPLITK;
+          kb_hi = (slice + 1) * KB / SPLITK;
+        }
         const int a_row = (KIND == kMasked ? g * M : 0) + m_blk * BM;
         const int b_row = (KIND == kDense ? 0 : g * N) + n_blk * BN;
         const int sf_y0 = KIND == kMasked ? g * SF_KB : 0;
-        for (int kb = 0; kb < KB; ++kb, ++it) {
+        for (int kb = kb_lo; kb < kb_hi; ++kb, ++it) {
           const u32 s = it % STAGES, ph = (it / STAGES) & 1;
           const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
           mbar_wait(empty, ph ^ 1);
@@ -354,9 +388,16 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const int wrow = KSPLIT ? 0 : wg, kw = KSPLIT ? wg : 0;
   const int wwarp = warp % 4;
   const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
-  Scheduler<KIND, BM, NB, MCAST> sched(M, num_groups, grouped);
+  Scheduler<KIND, BM, NU_ALL, MCAST> sched(M, num_groups, grouped);
   int m_blk, n_blk, g;
   bool have = sched.next(m_blk, n_blk, g);
+  // SPLITK: the unit's slice and its K blocks [kb_lo, kb_hi) (otherwise 0 and [0, KB))
+  auto unit_split = [&](int& nb_, int& slice_) {
+    slice_ = nb_ / NB;
+    nb_ -= slice_ * NB;
+  };
+  int slice = 0;
+  if constexpr (SPLITK) unit_split(n_blk, slice);
   // B's scales: a tile's columns [n0, n0 + BN) span scale blocks n0/128 and (maybe) n0/128 + 1;
   // they are read from global memory one K block ahead (the next tile's first during the last).
   const float* sfb_row0 = sfb;
@@ -376,6 +417,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   while (have) {
     int nm_blk = 0, nn_blk = 0, ng = 0;
     const bool have_next = sched.next(nm_blk, nn_blk, ng);
+    int nslice = 0;
+    if constexpr (SPLITK) unit_split(nn_blk, nslice);
     const float* nrow = sfb_row0;
     int nstep = 0;
     if (FP8 && have_next) sfb_tile(nn_blk, ng, nrow, nstep);
@@ -497,6 +540,40 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           }
         }
       }
+    } else if constexpr (SPLITK) {
+      // this unit's K blocks [kb_lo, kb_hi) (this warpgroup's: every KSTEP-th from kb_lo + kw); block kb is
+      // pipeline step itb + kb. B's scales: lane j of every warp loads those of block kb_lo + 32c + j for the
+      // unit's c-th run of 32 blocks in one go, and each block takes its pair by a shuffle, so the K loop does
+      // not wait on one global load per block (a small-M K block is far shorter than an L2 round trip).
+      const int kb_lo = slice * KB / SPLITK, kb_hi = (slice + 1) * KB / SPLITK;
+      const u32 itb = it - (u32)kb_lo;
+      float t[BN / 2], sc[4];
+      float sbv0 = 0.f, sbv1 = 0.f;
+      int run = -1;
+      for (int kb = kb_lo + kw; kb < kb_hi; kb += KSTEP) {
+        const int j = kb - kb_lo;
+        if ((j >> 5) != run) {
+          run = j >> 5;
+          const int idx = kb_lo + (run << 5) + lane;
+          if (idx < kb_hi) { sbv0 = sfb_row0[idx]; sbv1 = sfb_row0[sfb_step + idx]; }
+        }
+        const float sb0 = shfl_idx(sbv0, j & 31), sb1 = shfl_idx(sbv1, j & 31);
+        const u32 s = (itb + kb) % STAGES, ph = ((itb + kb) / STAGES) & 1;
+        mbar_wait(bars + 8 * s, ph);
+        const u32 a_addr = sA + s * A_BYTES + wrow * 64 * 128, b_addr = sB + s * B_BYTES;
+        const float sa0 = sfa_smem[s * BM + wrow * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wrow * 64 + r_in_wg + 8];
+        sc[0] = sa0 * sb0; sc[1] = sa1 * sb0; sc[2] = sa0 * sb1; sc[3] = sa1 * sb1;
+        fence_regs(t);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) Wgmma<BN, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(t);
+        release(s);
+        promote(t, sc);
+      }
+      it += (u32)(kb_hi - kb_lo) - KB;  // (KB is added below)
     } else if constexpr (!PIPE) {
       float t[BN / 2], sc[4];
       for (int kb = kw; kb < KB; kb += KSTEP) {
@@ -538,7 +615,36 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     if (KSPLIT && wg == 1) {
       have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
       sfb_row0 = nrow; sfb_step = nstep;
+      if constexpr (SPLITK) slice = nslice;
       continue;
+    }
+    if constexpr (SPLITK) {
+      // cross-CTA split-K (see above gemm_body): the ET epilogue threads (tid < ET) hold the tile
+      constexpr int ET = (KSPLIT ? 1 : NUM_MATH_WG) * 128, TILE_F = BM * BN;
+      const int tile = m_blk * NB + n_blk;
+      float* const slots = ws + (long long)tile * SPLITK * TILE_F;
+      float* const mine = slots + (long long)slice * TILE_F + tid;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) st_cg(mine + i * ET, acc[i]);
+      __threadfence();
+      named_bar_sync(5, ET);  // every epilogue thread's partial is written and fenced
+      u32 last = 0;
+      if (tid == 0) {
+        last = atomicAdd(tile_ctr + tile, 1) == SPLITK - 1;
+        if (last) atomicExch(tile_ctr + tile, 0);  // every unit of the tile has arrived: ready for the next launch
+        __threadfence();
+      }
+      if (!bar_red_or(5, ET, last)) {  // not the last unit of the tile: nothing more to do for it
+        have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
+        sfb_row0 = nrow; sfb_step = nstep; slice = nslice;
+        continue;
+      }
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = ld_cg(slots + i * ET + tid);
+      for (int s = 1; s < SPLITK; ++s) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] += ld_cg(slots + (long long)s * TILE_F + i * ET + tid);
+      }
     }
     int limit;
     long long row_off;
@@ -664,6 +770,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     }
     have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
     sfb_row0 = nrow; sfb_step = nstep;
+    if constexpr (SPLITK) slice = nslice;
   }
   if constexpr (TSTORE) {
     if (tid % 128 == 0) bulk_wait_all();  // the CTA's shared memory must outlive its TMA stores
