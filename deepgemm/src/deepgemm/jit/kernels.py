@@ -63,7 +63,7 @@ MIN_SMS_DEFAULT = "0"
 # yet measured (BENCHMARKS.md, "Prepared, not yet measured: split-K at M <= 128").
 SPLIT_K_DEFAULT = "0"
 SPLIT_K_MAX = 16
-SPLIT_K_GAIN = 0.9  # auto splits only where the model's cost is below this fraction of the unsplit choice's
+SPLIT_K_GAIN = 0.95  # auto splits only where the model's cost is below this fraction of the unsplit choice's
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -161,21 +161,33 @@ def split_k_bounds(kb: int, s: int) -> list[tuple[int, int]]:
     return [(i * kb // s, (i + 1) * kb // s) for i in range(s)]
 
 
-def split_k_cost(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int) -> float:
-    """The model's time of a split-K launch in tile_cost units: the waves of (tile, slice) units times the
-    longest slice's K blocks, plus the last unit's tail: writing its FP32 partial, the counter's fenced
-    atomic (~one 64 x 128 K block) and reading the s partials back (0.5 per byte as tile_cost's loads,
-    doubled: the reads are a dependent chain of L2 round trips, not a prefetched TMA stream)."""
+# Small-M time model (microseconds), a least-squares fit to the 18 M <= 128 dense rows of H200 run 9
+# (within 17 % of each, 6 % on average): a fixed cost per call (launch, pipeline fill, drain), a cost per
+# K block on a CTA's serial chain, one per KB an SM pulls from L2 and one per MB of B streamed from HBM.
+SMALL_M_FIT = (5.58, 0.0403, 0.0058, 0.168)
+SPLIT_K_SYNC_US = 0.5  # the last unit's fenced counter atomic + barriers (an L2 round trip or two)
+
+
+def small_m_time(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int = 1) -> float:
+    """Modelled time (us) of an FP8 dense GEMM at M <= 128 with BM x BN tiles and s K slices (1: no split).
+    Split-K adds the last unit's tail: writing its FP32 partial, the counter, and reading the s partials back
+    (charged twice the per-KB rate: a chain of dependent L2 round trips, not a prefetched TMA stream)."""
+    c0, c_blk, c_kb, c_mb = SMALL_M_FIT
     kb = k // 128
     units = ceil_div(max(m, 1), bm) * ceil_div(n, bn) * s
-    part = bm * bn * 4
-    return ceil_div(units, num_sms) * ceil_div(kb, s) * tile_cost(bm, bn) + 0.5 * part + 12288 + s * part
+    chain = ceil_div(units, num_sms) * ceil_div(kb, s)  # K blocks one CTA works through, one after another
+    rows_a = min(bm, ceil_div(max(m, 1), 8) * 8)  # the A box holds only the rows that exist
+    t = c0 + c_blk * chain + c_kb * chain * (rows_a + bn) * 128 / 1024 + c_mb * n * k / 1e6
+    if s > 1:
+        part_kb = bm * bn * 4 / 1024
+        t += c_kb * (part_kb + 2 * s * part_kb) + SPLIT_K_SYNC_US
+    return t
 
 
 def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto") -> tuple[int, int, int] | None:
     """(BM, BN, S) for an FP8 dense GEMM with M <= SMALL_M under DEEPGEMM_SPLIT_K=s_env ("auto" or an
     integer S >= 2, capped at the K blocks and SPLIT_K_MAX), or None (no split: "0", M too large, one K
-    block, or auto where the model predicts less than a 1 / SPLIT_K_GAIN speed-up)."""
+    block, or auto where small_m_time predicts less than a 1 / SPLIT_K_GAIN speed-up)."""
     if s_env == "0" or m > SMALL_M or k // 128 < 2:
         return None
     kb = k // 128
@@ -188,13 +200,12 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto") ->
             continue
         for bn in BLOCK_NS_FP8:
             for s in ((s_fixed,) if s_fixed else range(2, min(kb, SPLIT_K_MAX) + 1)):
-                cand = (split_k_cost(m, n, k, num_sms, bm, bn, s), s, -bn, bm)
+                cand = (small_m_time(m, n, k, num_sms, bm, bn, s), s, -bn, bm)
                 if best is None or cand < best[0]:
                     best = (cand, bm, bn, s)
     if s_fixed is None:
         bm0, bn0 = choose_blocks(m, n, 1, num_sms)
-        plain = ceil_div(ceil_div(max(m, 1), bm0) * ceil_div(n, bn0), num_sms) * kb * tile_cost(bm0, bn0)
-        if best[0][0] >= SPLIT_K_GAIN * plain:
+        if best[0][0] >= SPLIT_K_GAIN * small_m_time(m, n, k, num_sms, bm0, bn0):
             return None
     return best[1], best[2], best[3]
 
