@@ -12,7 +12,8 @@ Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per tok
         [--fp8 [--fp8-kernels default,wgmma,swapab] [--fp8-heads 8,16,32,64,128] [--fp8-only]]
 
 --kernels times each listed kernel variant (FLASHMLA_KERNEL; auto = what a user gets, the default
-of the flag; a variant may add launcher settings, e.g. wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_L2_PREFETCH=1)
+of the flag; a variant may add launcher settings, e.g. wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_L2_PREFETCH=1,
+or the opt-in fixed-cost switches auto+FLASHMLA_PDL=2+FLASHMLA_SPLIT_OVH=2; metadata is recomputed per variant)
 on every shape; the first is "ours"
 in the table, each further one gets its own columns (time, TFLOPS, speed relative to the first)
 after its output was checked against the first's. --fp8 adds the FP8-cache table: BF16 cache under
@@ -61,7 +62,10 @@ def sdpa_baseline(q, kc, bt, sl, lmax, causal):
     return o.view(b, s_q, h_q, 512)
 
 
-KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT")
+# launcher settings a variant may set; FLASHMLA_SPLIT_OVH is read by get_mla_metadata, which the
+# bench calls again under each variant (outside the timing, like a serving step's metadata)
+KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT",
+         "FLASHMLA_PDL", "FLASHMLA_SPLIT_OVH")
 
 
 def parse_variant(spec):
@@ -187,6 +191,7 @@ def main():
         extra = ""
         for k in kernels[1:]:   # the other variants: self-check against the first, then time
             use_variant(k)
+            meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)   # FLASHMLA_SPLIT_OVH may differ
             ko, kl = ours()
             cos = torch.nn.functional.cosine_similarity(ko.float().flatten(), out.float().flatten(), dim=0)
             if cos > 0.99999 and torch.equal(torch.isinf(kl), torch.isinf(_lse)):
@@ -198,6 +203,7 @@ def main():
             rec[f"{k}_s"] = tk
             extra += f" | {tk * 1e6:8.1f} {flops / tk / 1e12:6.1f} {t / tk:5.2f}"
             use_variant(kernels[0])
+            meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
         rec["frac_bw"] = nbytes / t / COPY_BW
         rec["frac_mma"] = flops / t / BF16_PEAK
         lmax = max(sl_list)

@@ -55,7 +55,10 @@ const char* launch_mla_decode(const DecodeArgs& a, void* stream);
 // launching anything when the tensors do not suit TMA (FP8 cache, pages not back to back, pointers
 // not 16-byte aligned): the caller then runs the default kernel. The caller (launch_mla_decode)
 // runs the shared combine kernel after it.
-int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
+// pdl (FLASHMLA_PDL, mla_decode.cu): 0 plain launch; 1 and 2 (WG1 on 128 columns): the kernel variant
+// that triggers its dependents (the combine) from its start; 2 also launches it as a programmatic
+// dependent of the preceding kernel (it runs griddepcontrol.wait before any global access).
+int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream, int pdl = 0);
 // The same for the FP8 cache (mla_decode_wgmma_fp8.cu): -1 without launching when a.is_fp8 is
 // false, the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
@@ -63,8 +66,11 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 // without launching when a.is_fp8 is false, s_q * h_q > 16, the pages are not back to back or the
 // pointers are not 16-byte aligned.
 int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream);
+// seg_ovh < 0: the default scheduler (request start = FIXED_OVERHEAD pages); 0..kMaxSegOverhead:
+// every segment costs seg_ovh pages (FLASHMLA_SPLIT_OVH, ref.schedule_segments_ref)
+constexpr int kMaxSegOverhead = 255;
 const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
-                                int* num_splits, void* stream);
+                                int* num_splits, int seg_ovh, void* stream);
 bool fp8_kernel_built();
 const char* last_kernel();  // "default", "wgmma" or "swapab": the main kernel of the last launch_mla_decode
 

@@ -453,9 +453,21 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
 }
 
 // Merge the partials of split requests: one CTA of 128 threads per (row, request).
+// PDL (FLASHMLA_PDL=1/2): launched as a programmatic dependent of the main kernel, so the launch
+// overlaps the main kernel and its CTAs are placed on the SMs as the main kernel's CTAs leave. Its
+// num_splits load may go first (get_mla_metadata finished before the main kernel got past its own
+// griddepcontrol.wait, and the main kernel triggers only after it); every CTA, an unsplit request's
+// too, then waits for the main kernel to complete (griddepcontrol.wait), so that this grid's
+// completion implies the main kernel's for whatever follows on the stream. launch_dependents lets a
+// PDL-launched main kernel of the next call be scheduled early (it waits for this grid in its turn).
+template <bool PDL>
 __global__ void __launch_bounds__(128) mla_combine_kernel(const DecodeArgs a) {
   const int rg = blockIdx.x, b = blockIdx.y, m = a.s_q * a.h_q;
   const int s0 = a.num_splits[b], n = a.num_splits[b + 1] - s0;
+  if constexpr (PDL) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  }
   if (n <= 1) return;
   float mx = NEG_INF;
   for (int j = 0; j < n; ++j) mx = fmaxf(mx, a.lacc[(int64_t)(s0 + j) * m + rg]);
@@ -529,10 +541,19 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
   a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
   if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
+  // FLASHMLA_PDL (opt-in, default 0): programmatic dependent launch. 1: the combine kernel is a
+  // programmatic dependent of the main kernel (launched while the main kernel runs; the BF16 wgmma
+  // kernel with 128 WG1 columns triggers it from its start, the other main kernels at their exit);
+  // 2: also the BF16 wgmma main kernel is a programmatic dependent of whatever precedes it on the
+  // stream (it waits for it before its first global access), overlapping its launch with that
+  // kernel's tail. Results are bit-identical to 0 (same kernels and math, only launch order).
+  const char* pd = getenv("FLASHMLA_PDL");
+  const int pdl = pd && pd[0] ? atoi(pd) : 0;
+  if (pdl < 0 || pdl > 2 || (pd && pd[0] && (pd[1] || pd[0] < '0' || pd[0] > '2'))) return "FLASHMLA_PDL must be 0, 1 or 2";
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
-  if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
+  if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream, pdl);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (a.is_fp8 && (auto_pick ? m <= kSwapabMaxRows : strcmp(kern, "swapab") == 0)) {
     if (!(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
@@ -551,9 +572,20 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   } else {
     e = launch<4, false, false>(a, st);
   }
-  if (e == cudaSuccess) {
-    mla_combine_kernel<<<dim3(m, a.batch), 128, 0, st>>>(a);
+  if (e == cudaSuccess && pdl == 0) {
+    mla_combine_kernel<false><<<dim3(m, a.batch), 128, 0, st>>>(a);
     e = cudaGetLastError();
+  } else if (e == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(m, a.batch);
+    cfg.blockDim = dim3(128);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, mla_combine_kernel<true>, a);
   }
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

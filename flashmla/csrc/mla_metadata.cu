@@ -1,5 +1,6 @@
 // get_mla_metadata on the device: the tile scheduler of ref.schedule_ref, computed by one block so
-// that it runs inside CUDA graphs without a host sync.
+// that it runs inside CUDA graphs without a host sync. (The opt-in per-segment cost model,
+// FLASHMLA_SPLIT_OVH, is mla_metadata_segments_kernel at the end.)
 //
 // Request b costs ceil(L_b / 64) + OVH pages; the cost line (total T) is cut at x_p = ceil(p T / P).
 // A cut at offset o inside request b lands on page max(0, o - OVH) of b. Cuts with page > 0 split a
@@ -117,13 +118,90 @@ __global__ void __launch_bounds__(THREADS) mla_metadata_kernel(const int* __rest
   }
 }
 
+// ---- FLASHMLA_SPLIT_OVH=c: every segment costs c pages (ref.schedule_segments_ref, same integers).
+// Greedy fill of the parts in request order up to a budget of pages + c per segment; the budget is
+// the smallest that places every request, one of the 2c + 2 candidates from max(ceil(T/P), c) on
+// (T = sum of pages + c), each tested by its own thread; thread 0 then writes the schedule.
+__device__ __forceinline__ int pages_of(const int* seqlens, int b) { return (max(seqlens[b], 0) + 63) / 64; }
+
+__device__ bool fill_fits(const int* seqlens, int batch, int parts, int c, int budget) {
+  int b = 0, k = 0;
+  for (int p = 0; p < parts && b < batch; ++p) {
+    int room = budget;
+    while (b < batch) {
+      const int need = pages_of(seqlens, b) - k + c;
+      if (room >= need) {
+        room -= need;
+        ++b;
+        k = 0;
+      } else {
+        if (room - c >= 1) k += room - c;
+        break;
+      }
+    }
+  }
+  return b == batch;
+}
+
+__global__ void __launch_bounds__(THREADS) mla_metadata_segments_kernel(const int* __restrict__ seqlens, int batch,
+                                                                        int parts, int c, int* meta, int* num_splits) {
+  __shared__ long long total_s;
+  __shared__ int budget_s;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    total_s = 0;
+    budget_s = 0x7fffffff;
+  }
+  __syncthreads();
+  long long part = 0;
+  for (int b = tid; b < batch; b += THREADS) part += pages_of(seqlens, b) + c;
+  atomicAdd(reinterpret_cast<unsigned long long*>(&total_s), static_cast<unsigned long long>(part));
+  __syncthreads();
+  const long long lo = max((total_s + parts - 1) / parts, static_cast<long long>(c));
+  if (tid < 2 * c + 2 && fill_fits(seqlens, batch, parts, c, static_cast<int>(lo) + tid))
+    atomicMin(&budget_s, static_cast<int>(lo) + tid);
+  __syncthreads();
+  if (tid != 0) return;
+  const int budget = budget_s;  // always found: lo + 2c fits (see ref.segment_budget)
+  int b = 0, k = 0, seg = 0, pre = 0;  // position, segments of b so far, splits prefix of b
+  num_splits[0] = 0;
+  for (int p = 0; p < parts; ++p) {
+    const int b0 = b, k0 = k, first = pre + seg;
+    int room = budget;
+    while (b < batch) {
+      const int need = pages_of(seqlens, b) - k + c;
+      if (room >= need) {  // the rest of request b: its last segment
+        room -= need;
+        pre += seg + 1;
+        num_splits[++b] = pre;
+        k = 0;
+        seg = 0;
+      } else {
+        if (room - c >= 1) {  // a piece of b
+          k += room - c;
+          ++seg;
+        }
+        break;
+      }
+    }
+    int* row = meta + p * 8;
+    row[0] = b0; row[1] = k0; row[2] = b; row[3] = k;
+    row[4] = (b0 == b && k0 == k) ? 0 : first; row[5] = 0; row[6] = 0; row[7] = 0;
+  }
+}
+
 }  // namespace
 
 const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
-                                int* num_splits, void* stream) {
+                                int* num_splits, int seg_ovh, void* stream) {
   if (parts < 1 || parts > MAX_PARTS) return "num_sm_parts out of range [1, 1024]";
-  mla_metadata_kernel<<<1, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(seqlens, batch, parts, cum, meta,
-                                                                          num_splits);
+  if (seg_ovh > kMaxSegOverhead) return "FLASHMLA_SPLIT_OVH must be 0..255 (pages per segment)";
+  if (seg_ovh >= 0)
+    mla_metadata_segments_kernel<<<1, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(seqlens, batch, parts, seg_ovh,
+                                                                                       meta, num_splits);
+  else
+    mla_metadata_kernel<<<1, THREADS, 0, static_cast<cudaStream_t>(stream)>>>(seqlens, batch, parts, cum, meta,
+                                                                            num_splits);
   cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

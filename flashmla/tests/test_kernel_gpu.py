@@ -19,15 +19,23 @@ KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 cache
 
 
 # the BF16 wgmma kernel's launcher settings each variant runs under (FP8 caches ignore them)
-WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128"}
+WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_fixedcost": "128"}
+# opt-in fixed-cost switches of a variant: programmatic dependent launch of the main and combine
+# kernels (FLASHMLA_PDL=2) and the per-segment scheduler (FLASHMLA_SPLIT_OVH, read by get_mla_metadata)
+FIXED_COST_SETTINGS = {"wgmma_fixedcost": {"FLASHMLA_PDL": "2", "FLASHMLA_SPLIT_OVH": "2"}}
 
 
 @pytest.fixture(params=["default"] + list(WGMMA_SETTINGS))
 def kernel(request, monkeypatch):
     """Runs a decode test once per kernel variant (read by the launcher at every call); the BF16
-    wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup)."""
+    wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup), and
+    once more with the opt-in fixed-cost switches (FIXED_COST_SETTINGS) on."""
     monkeypatch.setenv("FLASHMLA_KERNEL", request.param.split("_")[0])
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", WGMMA_SETTINGS.get(request.param, "256"))
+    for var in ("FLASHMLA_PDL", "FLASHMLA_SPLIT_OVH"):
+        monkeypatch.delenv(var, raising=False)
+    for var, val in FIXED_COST_SETTINGS.get(request.param, {}).items():
+        monkeypatch.setenv(var, val)
     return request.param
 
 
@@ -98,16 +106,106 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     return res
 
 
+@pytest.mark.parametrize("ovh", [None, 0, 2, 5, 255])
 @pytest.mark.parametrize("lens", [[4096] * 64, [0, 0, 5, 100000, 3], [1] * 300, [0], [16384] + [64] * 131,
                                   list(range(0, 20000, 97))])
 @pytest.mark.parametrize("m", [16, 128, 512])
-def test_metadata_matches_reference(lens, m):
+def test_metadata_matches_reference(lens, m, ovh, monkeypatch):
+    """The metadata kernels (default cost line, and FLASHMLA_SPLIT_OVH's per-segment greedy) compute
+    the integers of ref.schedule_ref."""
     need_kernel()
+    if ovh is None:
+        monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
+    else:
+        monkeypatch.setenv("FLASHMLA_SPLIT_OVH", str(ovh))
     sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
     meta, splits = flashmla.get_mla_metadata(sl, m, 1)
     parts = ref.num_sm_parts_for(torch.cuda.get_device_properties(0).multi_processor_count, m, 1)
-    rm, rs = ref.schedule_ref(sl.cpu(), parts)
+    rm, rs = ref.schedule_ref(sl.cpu(), parts, ovh)
     assert torch.equal(meta.cpu(), rm) and torch.equal(splits.cpu(), rs)
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (64, 2), (128, 1)])
+def test_pdl_is_bit_identical(h_q, s_q, monkeypatch):
+    """FLASHMLA_PDL=1/2 only changes how the main and combine kernels are launched: outputs are
+    bit-identical to the plain launch, eagerly and replayed from a CUDA graph (where the
+    programmatic edges are captured) with new lengths; the wgmma kernel is the one that ran."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
+    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
+    monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
+    lens = [4097, 0, 64, 1, 2000, 65, 8191, 130, 16384, 3]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q + 5 * s_q)
+    causal = s_q > 1
+    res = {}
+    for pdl in ("0", "1", "2"):
+        monkeypatch.setenv("FLASHMLA_PDL", pdl)
+        res[pdl] = run(q, kc, bt, sl, causal)
+        for _ in range(3):  # back to back: each call's main kernel may start under the last combine
+            o, l = run(q, kc, bt, sl, causal)
+            assert torch.equal(o, res[pdl][0]) and torch.equal(l, res[pdl][1])
+    for pdl in ("1", "2"):
+        assert torch.equal(res[pdl][0], res["0"][0]) and torch.equal(res[pdl][1], res["0"][1])
+    check(*res["2"], *flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal))
+    static_sl = sl.clone()
+    cap = max(lens)
+
+    def step():
+        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
+        return flashmla.flash_mla_with_kvcache(q, kc, bt, static_sl, 512, meta, splits, causal=causal)
+
+    graphs = {}
+    for pdl in ("0", "2"):
+        monkeypatch.setenv("FLASHMLA_PDL", pdl)
+        graphs[pdl] = capture(step)
+    for trial in range(3):
+        static_sl.copy_(torch.randint(0, cap + 1, (len(lens),), dtype=torch.int32, device=DEV))
+        got = {}
+        for pdl, (graph, (g_out, g_lse)) in graphs.items():
+            g_out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            got[pdl] = (g_out.clone(), g_lse.clone())
+        assert torch.equal(got["0"][0], got["2"][0]) and torch.equal(got["0"][1], got["2"][1])
+        check(*got["2"], *flashmla.mla_decode_ref(q, kc, bt, static_sl, 512, causal=causal))
+
+
+@pytest.mark.parametrize("ovh", ["0", "5", "64"])
+@pytest.mark.parametrize("lens,h_q,s_q", [([4096] * 132, 16, 1), ([1024] * 64, 64, 2),
+                                          ([0, 1, 65, 4097, 64, 16384, 7] * 5, 32, 1)])
+def test_split_overhead_scheduler_decodes(lens, h_q, s_q, ovh, monkeypatch):
+    """Decodes with FLASHMLA_SPLIT_OVH schedules (few splits or none) match the reference, under the
+    wgmma and the mma.sync kernel (with and without PDL), and with an FP8 cache under auto (swap-AB
+    at 16 rows, FP8 wgmma at 64) and the mma.sync FP8 path, which read the same metadata."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_SPLIT_OVH", ovh)
+    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=len(lens) + h_q)
+    causal = s_q > 1
+    ro, rl = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
+    for k, pdl in [("default", "0"), ("wgmma", "0"), ("wgmma", "2")]:
+        monkeypatch.setenv("FLASHMLA_KERNEL", k)
+        monkeypatch.setenv("FLASHMLA_PDL", pdl)
+        check(*run(q, kc, bt, sl, causal), ro, rl)
+    k8 = flashmla.quantize_kvcache(kc)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
+    for k in ("auto", "default"):
+        monkeypatch.setenv("FLASHMLA_KERNEL", k)
+        check(*run(q, k8, bt, sl, causal, fp8=True), ro, rl)
+
+
+def test_fixed_cost_switches_reject_bad_values(monkeypatch):
+    need_kernel()
+    q, kc, bt, sl = make_inputs(3, [100, 0, 7000], 16, 1, device=DEV, seed=9)
+    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
+    for bad in ("3", "-1", "x", "12"):
+        monkeypatch.setenv("FLASHMLA_PDL", bad)
+        with pytest.raises(RuntimeError, match="FLASHMLA_PDL"):
+            run(q, kc, bt, sl)
+    monkeypatch.delenv("FLASHMLA_PDL")
+    monkeypatch.setenv("FLASHMLA_SPLIT_OVH", "256")
+    with pytest.raises(ValueError, match="FLASHMLA_SPLIT_OVH"):
+        run(q, kc, bt, sl)
 
 
 SWEEP = list(itertools.product([1, 7, 64, 132], [1, 63, 64, 65, 1024, 4097, 16384], [1, 16, 64, 128], [1, 2]))

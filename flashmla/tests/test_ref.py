@@ -102,6 +102,150 @@ def test_schedule_balances():
     assert max(costs) <= total / 132 + 2 * ref.FIXED_OVERHEAD + 1
 
 
+# ---- the opt-in per-segment scheduler (FLASHMLA_SPLIT_OVH=c, ref.schedule_segments_ref)
+SEG_CASES = [([4096] * 8, 132), ([0, 0, 5, 100000, 3], 132), ([1] * 300, 132), ([64 * 7] * 3, 16), ([0], 4),
+             ([8192, 0, 17], 1), ([4096] * 64, 132), ([1024] * 128, 132), ([16384] + [64] * 131, 132),
+             (list(range(0, 20000, 97)), 66), ([0] * 5, 3)]
+
+
+def _part_loads(meta, lens, c):
+    """(pages, segments) of each part."""
+    loads = []
+    for p in range(meta.shape[0]):
+        b0, k0, b1, k1, _ = meta[p, :5].tolist()
+        pages = segs = 0
+        if (b0, k0) != (b1, k1):
+            for b in range(b0, (b1 if k1 > 0 else b1 - 1) + 1):
+                nb = (lens[b] + 63) // 64
+                pages += (k1 if b == b1 else nb) - (k0 if b == b0 else 0)
+                segs += 1
+        loads.append((pages, segs))
+    return loads
+
+
+@pytest.mark.parametrize("c", [0, 1, 2, 5, 64])
+@pytest.mark.parametrize("lens,parts", SEG_CASES)
+def test_segment_schedule_covers_everything_once_within_budget(lens, parts, c):
+    sl = torch.tensor(lens, dtype=torch.int32)
+    meta, splits = ref.schedule_ref(sl, parts, c)
+    assert meta.shape == (parts, 8) and splits.shape == (len(lens) + 1,)
+    _coverage(meta, splits, lens)
+    budget = ref.segment_budget(sl, parts, c)
+    total = sum((L + 63) // 64 + c for L in lens)
+    assert max(-(-total // parts), c) <= budget <= -(-total // parts) + 2 * c + 1
+    loads = _part_loads(meta, lens, c)
+    assert all(pg + c * sg <= budget for pg, sg in loads)
+    # the budget is the smallest that fits: one less leaves requests over
+    nb = [(L + 63) // 64 for L in lens]
+    assert budget == max(-(-total // parts), c) or ref._fill(nb, parts, c, budget - 1) is None
+    # no split leaves an empty piece, parts past the last request are empty at (batch, 0)
+    for p in range(parts):
+        b0, k0, b1, k1, first = meta[p, :5].tolist()
+        if (b0, k0) == (b1, k1):
+            assert first == 0
+        if b0 == len(lens):
+            assert (b0, k0, b1, k1) == (len(lens), 0, len(lens), 0)
+
+
+def test_segment_schedule_keeps_short_requests_whole():
+    """With a per-segment cost, 128 requests of 64 pages on 132 parts are not split at all (the
+    default scheduler splits 120 of them); 64 requests of 16 pages are halved (8 pages per part, the
+    default puts up to 11 on one part)."""
+    meta, splits = ref.schedule_ref(torch.tensor([4096] * 128, dtype=torch.int32), 132, 2)
+    assert torch.equal(splits, torch.arange(129, dtype=torch.int32))
+    _, dsplits = ref.schedule_ref(torch.tensor([4096] * 128, dtype=torch.int32), 132)
+    assert int(dsplits[-1]) > 200
+    meta, splits = ref.schedule_ref(torch.tensor([1024] * 64, dtype=torch.int32), 132, 2)
+    assert max(pg for pg, _ in _part_loads(meta, [1024] * 64, 2)) == 8
+    meta, _ = ref.schedule_ref(torch.tensor([1024] * 64, dtype=torch.int32), 132)
+    assert max(pg for pg, _ in _part_loads(meta, [1024] * 64, 0)) == 11
+
+
+def _split_decode(q, kc, bt, sl, meta, splits, causal):
+    """CPU emulation of the kernels' split-KV path: each part's segments as normalised partial O and
+    lse over their pages (unsplit requests straight to the output), then the combine's merge."""
+    batch, s_q, h_q, d = q.shape
+    lens = sl.tolist()
+    out = torch.zeros(batch, s_q, h_q, 512, dtype=torch.float64)
+    lse = torch.full((batch, h_q, s_q), math.inf, dtype=torch.float64)
+    part_o, part_l = {}, {}
+    scale = d ** -0.5
+    for p in range(meta.shape[0]):
+        b0, k0, b1, k1, first = meta[p, :5].tolist()
+        if (b0, k0) == (b1, k1):
+            continue
+        for j, b in enumerate(range(b0, (b1 if k1 > 0 else b1 - 1) + 1)):
+            L, nb = lens[b], (lens[b] + 63) // 64
+            lo, hi = (k0 if b == b0 else 0) * 64, min((k1 if b == b1 else nb) * 64, L)
+            keys = torch.arange(lo, hi)
+            kv = torch.stack([kc[int(bt[b, t // 64]), t % 64, 0] for t in keys.tolist()]).double() \
+                if hi > lo else torch.zeros(0, d, dtype=torch.float64)
+            qb = q[b].double().reshape(s_q * h_q, d)
+            s = qb @ kv.T * scale                                          # [rows, keys]
+            if causal:
+                lim = L - s_q + 1 + torch.arange(s_q).repeat_interleave(h_q)
+                s = s.masked_fill(keys[None, :] >= lim[:, None], -math.inf)
+            mx = s.amax(-1, keepdim=True) if s.shape[1] else torch.full((s_q * h_q, 1), -math.inf, dtype=torch.float64)
+            e = torch.exp(s - torch.where(torch.isinf(mx), torch.zeros_like(mx), mx))
+            tot = e.sum(-1, keepdim=True)
+            o = torch.where(tot > 0, e @ kv[:, :512] / tot.clamp_min(1e-300), torch.zeros(1, dtype=torch.float64))
+            l = torch.where(tot[:, 0] > 0, mx[:, 0] + torch.log(tot[:, 0]), torch.tensor(-math.inf, dtype=torch.float64))
+            if splits[b + 1] - splits[b] > 1:
+                g = first + j
+                assert splits[b] <= g < splits[b + 1] and g not in part_o
+                part_o[g], part_l[g] = o, l
+            else:
+                out[b] = o.view(s_q, h_q, 512)
+                lse[b] = torch.where(torch.isinf(l), torch.tensor(math.inf, dtype=torch.float64), l).view(s_q, h_q).T
+    for b in range(batch):
+        ids = range(int(splits[b]), int(splits[b + 1]))
+        if len(ids) <= 1:
+            continue
+        ls = torch.stack([part_l[g] for g in ids])                         # [n, rows]
+        mx = ls.amax(0)
+        w = torch.exp(ls - torch.where(torch.isinf(mx), torch.zeros_like(mx), mx))
+        tot = w.sum(0)
+        o = sum(w[j, :, None] * part_o[g] for j, g in enumerate(ids)) / tot.clamp_min(1e-300)[:, None]
+        out[b] = torch.where(torch.isinf(mx)[:, None], torch.zeros(1, dtype=torch.float64), o).view(s_q, h_q, 512)
+        lse[b] = torch.where(torch.isinf(mx), torch.tensor(math.inf, dtype=torch.float64), mx + torch.log(tot)).view(s_q, h_q).T
+    return out, lse
+
+
+@pytest.mark.parametrize("c", [None, 0, 3, 64])
+@pytest.mark.parametrize("lens,parts,s_q,causal", [([300, 0, 1000, 64, 65, 1], 7, 1, False),
+                                                   ([700, 129, 2, 0, 1500], 5, 2, True),
+                                                   ([2000] * 3, 16, 1, False)])
+def test_split_schedules_reproduce_the_reference(lens, parts, s_q, causal, c):
+    """Both schedulers' metadata, run through the CPU emulation of split + combine, give the
+    reference result: the segments, split indices and num_splits mean what the kernels read."""
+    q, kc, bt, sl = make_inputs(len(lens), lens, 3, s_q, seed=len(lens) + parts)
+    meta, splits = ref.schedule_ref(sl, parts, c)
+    out, lse = _split_decode(q, kc, bt, sl, meta, splits, causal)
+    ro, rl = ref.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
+    torch.testing.assert_close(out.float(), ro, atol=2e-5, rtol=1e-4)
+    assert torch.equal(torch.isinf(lse), torch.isinf(rl))
+    fin = torch.isfinite(rl)
+    torch.testing.assert_close(lse[fin].float(), rl[fin], atol=1e-5, rtol=1e-5)
+
+
+def test_split_overhead_setting_is_read_per_call(monkeypatch):
+    """get_mla_metadata reads FLASHMLA_SPLIT_OVH at each call (CPU path here); bad values name it."""
+    sl = torch.tensor([4096] * 128, dtype=torch.int32)
+    monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
+    m0, s0 = flashmla.get_mla_metadata(sl, 16, 1)
+    assert torch.equal(m0, ref.schedule_ref(sl, 132)[0])
+    monkeypatch.setenv("FLASHMLA_SPLIT_OVH", "2")
+    m2, s2 = flashmla.get_mla_metadata(sl, 16, 1)
+    rm, rs = ref.schedule_ref(sl, 132, 2)
+    assert torch.equal(m2, rm) and torch.equal(s2, rs) and not torch.equal(s2, s0)
+    for bad in ("-1", "256", "x", "2.5"):
+        monkeypatch.setenv("FLASHMLA_SPLIT_OVH", bad)
+        with pytest.raises(ValueError, match="FLASHMLA_SPLIT_OVH"):
+            flashmla.get_mla_metadata(sl, 16, 1)
+    with pytest.raises(ValueError, match="seg_overhead"):
+        ref.schedule_segments_ref(sl, 4, -1)
+
+
 def test_fp8_roundtrip_accuracy():
     x = torch.randn(3, 64, 1, 576).to(torch.bfloat16)
     y = flashmla.dequantize_kvcache(flashmla.quantize_kvcache(x))

@@ -7,6 +7,7 @@ plain-PyTorch reference in ref.py.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -32,20 +33,41 @@ def _num_sms(device: torch.device) -> int:
     return CPU_NUM_SMS
 
 
+MAX_SEG_OVERHEAD = 255  # FLASHMLA_SPLIT_OVH range (csrc/launch.h kMaxSegOverhead)
+
+
+def split_overhead_setting() -> int | None:
+    """FLASHMLA_SPLIT_OVH (opt-in scheduler, read at every get_mla_metadata call): unset or empty ->
+    None (the default cost line: FIXED_OVERHEAD pages per request start); an int c in 0..255 -> every
+    segment of a request costs c pages (ref.schedule_segments_ref), on the GPU and on the CPU alike."""
+    v = os.environ.get("FLASHMLA_SPLIT_OVH", "")
+    if not v:
+        return None
+    try:
+        c = int(v)
+    except ValueError:
+        c = -1
+    if not 0 <= c <= MAX_SEG_OVERHEAD:
+        raise ValueError(f"FLASHMLA_SPLIT_OVH: expected an int in 0..{MAX_SEG_OVERHEAD} (pages per segment), got {v!r}")
+    return c
+
+
 # ----------------------------------------------------------------------------- metadata op
 @torch.library.custom_op("flashmla::get_mla_metadata", mutates_args=())
 def _metadata_op(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
                  num_heads_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     parts = ref.num_sm_parts_for(_num_sms(cache_seqlens.device), num_q_tokens_per_head_k, num_heads_k)
+    seg_ovh = split_overhead_setting()
     if cache_seqlens.is_cuda and cuda_available():
         batch = cache_seqlens.shape[0]
         meta = torch.empty(parts, ref.META_SIZE, dtype=torch.int32, device=cache_seqlens.device)
         splits = torch.empty(batch + 1, dtype=torch.int32, device=cache_seqlens.device)
         cum = torch.empty(batch + 1, dtype=torch.int32, device=cache_seqlens.device)
         _C.mla_metadata(cache_seqlens.data_ptr(), batch, parts, cum.data_ptr(), meta.data_ptr(),
-                        splits.data_ptr(), torch.cuda.current_stream(cache_seqlens.device).cuda_stream)
+                        splits.data_ptr(), -1 if seg_ovh is None else seg_ovh,
+                        torch.cuda.current_stream(cache_seqlens.device).cuda_stream)
         return meta, splits
-    meta, splits = ref.schedule_ref(cache_seqlens, parts)
+    meta, splits = ref.schedule_ref(cache_seqlens, parts, seg_ovh)
     return meta.to(cache_seqlens.device), splits.to(cache_seqlens.device)
 
 

@@ -66,8 +66,13 @@ def num_sm_parts_for(num_sms: int, num_q_tokens_per_head_k: int, num_heads_k: in
     return max(1, num_sms // max(1, num_heads_k) // m_blocks)
 
 
-def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tile scheduler, in plain Python (the CUDA metadata kernel computes the same integers).
+def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int,
+                 seg_overhead: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tile scheduler, in plain Python (the CUDA metadata kernels compute the same integers).
+
+    seg_overhead=None (the default, get_mla_metadata without FLASHMLA_SPLIT_OVH): the cost line
+    below. seg_overhead=c >= 0: schedule_segments_ref (every segment costs c pages, not only a
+    request's start), same output format.
 
     Request b costs ceil(L_b / 64) + FIXED_OVERHEAD; the concatenated cost line of total T is cut
     at x_p = ceil(p·T / num_parts). A cut at offset o inside request b lands on page max(0, o - 5)
@@ -77,6 +82,8 @@ def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int) -> tuple[torch.Ten
     num_splits int32 [batch + 1], the start index of each request's splits (prefix sum; request b
     has num_splits[b+1] - num_splits[b] splits, one per part it touches).
     """
+    if seg_overhead is not None:
+        return schedule_segments_ref(cache_seqlens, num_parts, seg_overhead)
     lens = [int(x) for x in cache_seqlens.tolist()]
     batch = len(lens)
     cost = [(L + PAGE_SIZE - 1) // PAGE_SIZE + FIXED_OVERHEAD for L in lens]
@@ -108,4 +115,79 @@ def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int) -> tuple[torch.Ten
     splits = torch.zeros(batch + 1, dtype=torch.int32)
     for b in range(batch + 1):
         splits[b] = b + sum(1 for c in internal if c[0] < b)
+    return meta, splits
+
+
+def _fill(nb: list[int], num_parts: int, c: int, budget: int):
+    """Greedy fill of parts in request order with at most `budget` per part, where a part's load is
+    its pages plus c per segment (a request or a piece of one) it holds. A request that does not fit
+    whole is split if at least one page fits (the rest continues the next part). Returns the
+    (request, page) start position of each part and the end position, or None when the requests do
+    not fit into num_parts parts."""
+    starts, b, k, batch = [], 0, 0, len(nb)
+    for _ in range(num_parts):
+        starts.append((b, k))
+        room = budget
+        while b < batch:
+            need = nb[b] - k + c
+            if room >= need:            # the rest of request b fits: take it
+                room -= need
+                b, k = b + 1, 0
+            else:                       # split if at least one page fits beside the overhead
+                if room - c >= 1:
+                    k += room - c
+                break
+    return (starts, (b, k)) if b == batch else None
+
+
+def segment_budget(cache_seqlens, num_parts: int, c: int) -> int:
+    """Smallest per-part budget (pages + c per segment) for which _fill places every request: the
+    makespan that schedule_segments_ref balances. It lies in [ceil(T / P), ceil(T / P) + 2c] with
+    T = sum(pages + c): every part then takes at least budget - c, of which at most c pays for a
+    continued request."""
+    nb = [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
+    total = sum(n + c for n in nb)
+    lo = max(-(-total // num_parts), c)
+    for budget in range(lo, lo + 2 * c + 2):
+        if _fill(nb, num_parts, c, budget) is not None:
+            return budget
+    raise AssertionError("unreachable: the budget ceil(T/P) + 2c always fits")
+
+
+def schedule_segments_ref(cache_seqlens: torch.Tensor, num_parts: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tile scheduler with a fixed cost of c pages per segment (FLASHMLA_SPLIT_OVH=c).
+
+    The default scheduler charges FIXED_OVERHEAD pages per request start only, so a part that begins
+    inside a request pays nothing for its Q load, its pipeline fill and its fp32 partial (written by
+    the main kernel, read back by the combine). Here every segment costs c: parts are filled greedily
+    in request order up to the smallest budget that fits all requests (segment_budget), which
+    balances the per-part pages + c * segments and splits a request only where it pays; with a
+    large c short requests stay whole (parts left over stay empty: begin = end = (batch, 0)).
+    Same output format as schedule_ref; num_splits counts the segments of each request.
+    """
+    if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+        raise ValueError(f"seg_overhead: expected an int >= 0, got {c!r}")
+    nb = [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
+    batch = len(nb)
+    starts, end = _fill(nb, num_parts, c, segment_budget(cache_seqlens, num_parts, c))
+    bounds = starts + [end]
+    segs = [0] * batch                  # segments per request
+    meta = torch.zeros(num_parts, META_SIZE, dtype=torch.int32)
+    firsts = []
+    for p in range(num_parts):
+        (b0, k0), (b1, k1) = bounds[p], bounds[p + 1]
+        if (b0, k0) == (b1, k1):
+            firsts.append(None)
+            continue
+        last = b1 if k1 > 0 else b1 - 1
+        firsts.append(segs[b0])         # index of b0's segment within b0 (> 0: continued)
+        for b in range(b0, last + 1):
+            segs[b] += 1
+    splits = torch.zeros(batch + 1, dtype=torch.int32)
+    for b in range(batch):
+        splits[b + 1] = splits[b] + segs[b]
+    for p in range(num_parts):
+        (b0, k0), (b1, k1) = bounds[p], bounds[p + 1]
+        first = 0 if firsts[p] is None else int(splits[b0]) + firsts[p]
+        meta[p, :5] = torch.tensor([b0, k0, b1, k1, first], dtype=torch.int32)
     return meta, splits
