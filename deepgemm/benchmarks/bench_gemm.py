@@ -218,22 +218,28 @@ def main():
     per_env = {"DEEPGEMM_MULTICAST": large + cases,
                "DEEPGEMM_BN256": large + contig,  # 128 x 256 tiles apply only at M > 128
                "DEEPGEMM_TMA_STORE": large,  # dense only
-               "DEEPGEMM_MIN_SMS": large + contig}
+               "DEEPGEMM_MIN_SMS": large + contig,
+               # split-K applies to FP8 dense at M <= 128 only: the 18 small-M DeepSeek-V3 rows
+               "DEEPGEMM_SPLIT_K": [("dense", m, n, k) for m in (1, 64, 128) for n, k in DENSE_NK]}
+    with_peer = {"DEEPGEMM_SPLIT_K"}  # also time cuBLAS blockwise per case: speed-ups per value in one run
     for spec in args.compare:
         env, values = spec.split("=")
         envs = env.split("&")
         todo = next((per_env[e] for e in envs if e in per_env), cases)
         for layout, m, n, k in todo:
             res = {}
-            for val in values.split(","):
+            for i, val in enumerate(values.split(",")):
                 vals = val.split("&")
                 if len(vals) != len(envs):
                     raise SystemExit(f"--compare {spec}: value {val!r} does not give one value per switch")
                 os.environ.update(zip(envs, vals))
-                row = (bench_dense(m, n, k, with_ref=False, peers=False) if layout == "dense"
+                peer = i == 0 and layout == "dense" and m > 1 and any(e in with_peer for e in envs)
+                row = (bench_dense(m, n, k, with_ref=False, peers=peer) if layout == "dense"
                        else bench_contiguous(*m, n, k, peers=False) if layout == "contiguous"
                        else bench_masked(m, 64, n, k, peers=False))
                 res[val] = row["ours_tflops"]
+                if row.get("cublas_block_tflops"):
+                    res["cublas_block"] = row["cublas_block_tflops"]
                 if row["diff"] > 1e-5:  # a variant that computes wrong numbers is not a speed-up
                     res[val + "_diff"] = row["diff"]
             for e in envs:
@@ -264,6 +270,16 @@ def main():
     for v in variants:
         vals = ", ".join(f"{key}={v[key]:.3g}" for key in v if key not in ("env", "layout", "m", "n", "k"))
         print(f"{v['env']} {v['layout']} M={v['m']} N={v['n']} K={v['k']}: {vals} TFLOPS")
+    for env in sorted({v["env"] for v in variants if "cublas_block" in v}):  # geo-mean vs cuBLAS per value
+        rows_e = [v for v in variants if v["env"] == env and "cublas_block" in v]
+        keys = [key for key in rows_e[0] if key not in ("env", "layout", "m", "n", "k", "cublas_block")
+                and not key.endswith("_diff")]
+        best = [max(v[key] for key in keys) / v["cublas_block"] for v in rows_e]
+        per = ", ".join(f"{key}={gm([v[key] / v['cublas_block'] for v in rows_e]):.2f}x" for key in keys)
+        print(f"{env}: geomean vs cuBLAS blockwise over {len(rows_e)} dense M<=128 cases (M = 64, 128): {per}; "
+              f"best value per shape {gm(best):.2f}x")
+        summary.setdefault("compare_geomean_vs_cublas", {})[env] = {
+            key: gm([v[key] / v["cublas_block"] for v in rows_e]) for key in keys}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "summary": summary, "epilogue_variants": variants, "device": torch.cuda.get_device_name(),

@@ -1,12 +1,18 @@
 #!/bin/bash
 # One device call: install, smoke (`python -m deepgemm`), GPU tests, benchmark. Logs under $OUT.
-# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full|tests|bench|repro|tune|ab] [pytest -k expr]
+# usage (repo root): bash deepgemm/scripts/gpu_run.sh [quick|full|tests|bench|repro|tune|ab|splitk] [pytest -k expr]
+# splitk: the same as `AB_COMPARE="--compare DEEPGEMM_SPLIT_K=0,auto,2,4,8" gpu_run.sh ab split_k` (~4 min): the
+#     split-K GPU tests, then the 18 M <= 128 dense shapes under each value, cuBLAS blockwise timed beside them
 # ab: smoke, the GPU tests selected by the -k expr, then bench_gemm.py --quick $AB_COMPARE
 #     (default: BN256 x TMA_STORE, then MIN_SMS), e.g. gpu_run.sh ab "bn256 or tma_store"
 # full: smoke, GPU tests, scripts/repro_masked.py, bench_gemm.py with the --compare switches
 set -o pipefail
 export PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=/tmp/dgcache
 MODE=${1:-quick}; KEXPR=${2:-}
+if [ "$MODE" = splitk ]; then
+  MODE=ab; KEXPR=${KEXPR:-split_k}; AB_COMPARE=${AB_COMPARE:---compare DEEPGEMM_SPLIT_K=0,auto,2,4,8}
+  BENCH_TIMEOUT=${BENCH_TIMEOUT:-360}
+fi
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, cuda.bindings; print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__)"
@@ -32,7 +38,7 @@ python3 - <<'PY' > $OUT/compiles.txt
 import glob, json
 for f in sorted(glob.glob('/tmp/dgcache/*.json')):
     m = json.load(open(f)); p = m['params']
-    print(m['backend'], round(m['seconds'], 2), {k: p.get(k) for k in ('kind', 'fp8', 'n', 'k', 'bm', 'bn', 'stages', 'ksplit', 'swap')}, m['ptxas'][-200:])
+    print(m['backend'], round(m['seconds'], 2), {k: p.get(k) for k in ('kind', 'fp8', 'n', 'k', 'bm', 'bn', 'stages', 'ksplit', 'swap', 'splitk')}, m['ptxas'][-200:])
 PY
 tail -5 $OUT/compiles.txt
 cubin=$(ls /tmp/dgcache/*.cubin | head -1); cuobjdump --dump-sass $cubin | grep -oE "(QGMMA|HGMMA|UTMALDG|USETMAXREG)[.A-Z0-9x]*" | sort | uniq -c

@@ -524,3 +524,116 @@ def test_min_sms_grid(monkeypatch):
     r = torch.full((m, n), float("nan"), device=DEV)
     ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
     _check_contiguous(d, r, m_indices)
+
+
+# ---- DEEPGEMM_SPLIT_K: cross-CTA split-K at M <= 128 ----------------------------------------------------
+def _split_run(m, n, k, seed, out=torch.bfloat16, c_dtype=None):
+    """One FP8 dense GEMM into a poisoned output (FP32 / BF16 C optional); returns (d, reference, config)."""
+    from deepgemm.jit import kernels
+    x, y = _rand((m, k), seed), _rand((n, k), seed + 1)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    c = None if c_dtype is None else torch.randn(m, n, device=DEV).to(c_dtype)
+    d = poisoned((m, n), out, DEV)
+    dg.fp8_gemm_nt(a, b, d, c=c)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r, None if c is None else c.float())
+    return d, r, kernels.make_config("dense", True, d, c, n, k, m, 1), (a, b, c)
+
+
+@pytest.mark.parametrize("mode", ["auto", "4"])
+@pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
+@pytest.mark.parametrize("m", [1, 64, 128])
+def test_split_k_dense(m, nk, mode, monkeypatch):
+    """DEEPGEMM_SPLIT_K on the small-M DeepSeek-V3 shapes: S = 4 always splits, auto where the model predicts a
+    gain; outputs poisoned, compared with the reference."""
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", mode)
+    n, k = nk
+    d, r, cfg, _ = _split_run(m, n, k, m * 3 + n)
+    assert cfg.splitk == (4 if mode == "4" else cfg.splitk) and (mode == "auto" or cfg.splitk > 1)
+    _check(d, r)
+
+
+@pytest.mark.parametrize("m,n,k,mode,out,c_dtype", [
+    (37, 1000, 7168, "3", torch.bfloat16, None),           # unaligned M and N; 56 K blocks = 18 + 19 + 19
+    (64, 2120, 896, "5", torch.bfloat16, torch.float32),    # 7 K blocks in 5 slices (1 or 2 each), FP32 C
+    (64, 7168, 2048, "16", torch.bfloat16, None),           # one K block per slice: a K-split warpgroup idles
+    (128, 4096, 7168, "7", torch.float32, torch.float32),   # FP32 out + C, BM = 128 or two M blocks
+    (128, 7168, 2048, "3", torch.bfloat16, torch.bfloat16), # BF16 C
+    (1, 4096, 7168, "8", torch.float8_e4m3fn, None),        # FP8 out
+    (100, 24, 384, "2", torch.bfloat16, torch.float32),     # one tile, 3 K blocks
+])
+def test_split_k_edges(m, n, k, mode, out, c_dtype, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", mode)
+    d, r, cfg, _ = _split_run(m, n, k, n + k, out, c_dtype)
+    assert cfg.splitk == min(int(mode), k // 128)
+    if out == torch.float8_e4m3fn:
+        assert not d.float().isnan().any()
+        assert dg.calc_diff(d.float(), r.clamp(-448, 448)) < 2e-3
+    else:
+        _check(d, r)
+
+
+@pytest.mark.parametrize("mode", ["auto", "7"])
+def test_split_k_deterministic_and_graphs(mode, monkeypatch):
+    """Bit-identical across eager runs, across grids of 132 and 61 SMs (other arrival orders, same slices:
+    S and the tile forced), with the cached workspace poisoned between calls (each launch rewrites every slot
+    it reads), and over 30 CUDA-graph replays into a poisoned output; the tile counters are back at zero."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", mode)
+    m, n, k = 64, 2112, 7168
+    d, r, cfg, (a, b, _) = _split_run(m, n, k, 5)
+    assert cfg.splitk > 1
+    _check(d, r)
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", f"{cfg.bm}x{cfg.bn}")
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", str(cfg.splitk))
+    first = d.clone()
+    old = dg.get_num_sms()
+    try:
+        for sms in (132, 61, 132):
+            dg.set_num_sms(sms)
+            for ws, ctr in kernels._workspaces.values():
+                ws.fill_(float("nan"))
+            d.fill_(float("nan"))
+            dg.fp8_gemm_nt(a, b, d)
+            torch.cuda.synchronize()
+            assert torch.equal(d, first), sms
+        dg.set_num_sms(old)
+        _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 30)
+    finally:
+        dg.set_num_sms(old)
+    assert all(int(ctr.abs().sum()) == 0 for _, ctr in kernels._workspaces.values())
+
+
+def test_split_k_workspace_first_made_in_capture(monkeypatch):
+    """A workspace first needed while a CUDA graph is captured: the call gets its own (its counters' zeroing is
+    captured too); replays and a later eager call (which makes the cached one) are bit-identical."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", "6")
+    m, n, k = 64, 4096, 7168
+    x, y = _rand((m, k), 11), _rand((n, k), 12)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    cfg = kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1)
+    kernels.get_kernel(cfg)  # compile outside the capture
+    monkeypatch.setattr(kernels, "_workspaces", {})
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        dg.fp8_gemm_nt(a, b, d)
+    assert kernels._workspaces == {}
+    graph.replay()
+    torch.cuda.synchronize()
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    _check(d, r)
+    first = d.clone()
+    for _ in range(5):
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(d, first)
+    d.fill_(float("nan"))
+    dg.fp8_gemm_nt(a, b, d)
+    torch.cuda.synchronize()
+    assert torch.equal(d, first) and len(kernels._workspaces) == 1

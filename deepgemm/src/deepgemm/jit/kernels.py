@@ -496,25 +496,26 @@ _retired: list = []  # replaced workspaces stay alive: a captured CUDA graph may
 
 
 def split_k_workspace(device: torch.device, floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP32 partials (>= floats) and int32 tile counters (>= counters, all zero) for split-K launches on the
-    current stream of `device`, cached per (device, stream) and grown when a call needs more. The kernel
-    leaves the counters at zero, so a buffer is zeroed only when allocated. While a CUDA graph is being
-    captured a buffer that is too small is not grown: the call gets its own (its zeroing is captured with it)."""
-    stream = torch.cuda.current_stream(device)
-    key = (device.index, stream.cuda_stream)
+    """FP32 partials (>= floats; no initialisation needed: a launch writes every slot it reads) and int32 tile
+    counters (>= counters, zero) for split-K launches on `device`, cached per device and grown when a call
+    needs more (the kernel leaves the counters at zero, so they are zeroed only when allocated). All split-K
+    GEMMs of a device share it: they must not run concurrently on two streams. While a CUDA graph is being
+    captured a cache that is too small is not grown: the call gets buffers of its own (their zeroing is
+    captured with it), so warm up eagerly before capturing to keep the graph free of that memset."""
+    key = device.index if device.index is not None else torch.cuda.current_device()
     hit = _workspaces.get(key)
     if hit is not None and hit[0].numel() >= floats and hit[1].numel() >= counters:
         return hit
-    fresh = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
-             torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
     if torch.cuda.is_current_stream_capturing():
+        fresh = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
+                 torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
         _retired.append(fresh)
         return fresh
     if hit is not None:
         _retired.append(hit)
-        fresh = (torch.empty(max(floats, hit[0].numel()), dtype=torch.float32, device=device),
-                 torch.zeros(max(counters, hit[1].numel()), dtype=torch.int32, device=device))
-    _workspaces[key] = fresh
+        floats, counters = max(floats, hit[0].numel()), max(counters, hit[1].numel())
+    fresh = _workspaces[key] = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
+                                torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
     return fresh
 
 
