@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that validates and measures the wgmma variant next to the default kernel:
 #   bash flashmla/benchmarks/device_run.sh OUTDIR [ab]   (from the repository root, on a CUDA machine;
-#   ab: the opt-in fixed-cost switches (FLASHMLA_PDL, FLASHMLA_SPLIT_OVH) side by side instead of steps 2-4, see below)
+#   ab: the opt-in fixed-cost switches (FLASHMLA_PDL, FLASHMLA_COMBINE_V, FLASHMLA_SPLIT_OVH) side by side instead of steps 2-4, see below)
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone); 2c. and for
@@ -39,20 +39,23 @@ if [ "${2:-}" = ab ]; then
   # A/B mode (bash device_run.sh OUT ab): the opt-in fixed-cost switches of the BF16 path side by side
   # on the short-sequence memory-bound shapes (BENCHMARKS.md, "Prepared, not yet measured: fixed costs
   # at short sequences"): FLASHMLA_PDL=1/2 (programmatic dependent launch of the combine / also of the
-  # main kernel) and FLASHMLA_SPLIT_OVH=c (scheduler charging c pages per segment), after smoke tests
+  # main kernel), FLASHMLA_COMBINE_V=2 (the combine's loads in parallel) and FLASHMLA_SPLIT_OVH=c
+  # (scheduler charging c pages per segment), after smoke tests
   # and the GPU tests. A hang or crash of the PDL smoke drops the PDL variants and tests.
   timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
     -k "test_wgmma_matches_default_kernel or (test_split_overhead_scheduler_decodes and lens0)" >"$OUT/smoke.log" 2>&1
   echo "wgmma + scheduler smoke: rc=$? ($(tail -1 "$OUT/smoke.log"))"
   timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-    -k "test_pdl_is_bit_identical" >"$OUT/smoke_pdl.log" 2>&1
+    -k "test_pdl_and_combine_v2_are_bit_identical" >"$OUT/smoke_pdl.log" 2>&1
   rc=$?; echo "pdl smoke: rc=$rc ($(tail -1 "$OUT/smoke_pdl.log"))"
   grep -E "^(FAILED|E  )" "$OUT/smoke_pdl.log" | head -8
-  V="auto+FLASHMLA_PDL=0,auto+FLASHMLA_PDL=1,auto+FLASHMLA_PDL=2,auto+FLASHMLA_SPLIT_OVH=2,auto+FLASHMLA_SPLIT_OVH=5,auto+FLASHMLA_PDL=2+FLASHMLA_SPLIT_OVH=2"
+  V="auto+FLASHMLA_PDL=0,auto+FLASHMLA_PDL=1,auto+FLASHMLA_PDL=2,auto+FLASHMLA_COMBINE_V=2,auto+FLASHMLA_SPLIT_OVH=2"
+  V="$V,auto+FLASHMLA_SPLIT_OVH=5,auto+FLASHMLA_PDL=2+FLASHMLA_COMBINE_V=2+FLASHMLA_SPLIT_OVH=2"
   SEL=()
   if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_pdl.log"; then
     echo "PDL hangs or crashes: dropped from the tests and the A/B"
-    V="auto+FLASHMLA_PDL=0,auto+FLASHMLA_SPLIT_OVH=2,auto+FLASHMLA_SPLIT_OVH=5"; SEL=(-k "not pdl and not fixedcost")
+    V="auto+FLASHMLA_PDL=0,auto+FLASHMLA_COMBINE_V=2,auto+FLASHMLA_SPLIT_OVH=2,auto+FLASHMLA_SPLIT_OVH=5"
+    SEL=(-k "not pdl and not fixedcost and not split_overhead_scheduler")
   fi
   t0=$(date +%s)
   timeout 150 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider ${SEL[@]+"${SEL[@]}"} >"$OUT/gpu_tests.log" 2>&1
@@ -60,7 +63,7 @@ if [ "${2:-}" = ab ]; then
   grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
   # first column: auto (today's defaults); auto+FLASHMLA_PDL=0 is the same code again (the noise floor)
   timeout "$(left)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --kernels "auto,$V" \
-    --shapes "${AB_SHAPES:-64,128;1024,4096;16,32,64;1;uniform,ragged}" --json "$OUT/bench_ab.json" 2>&1 | tee "$OUT/bench_ab.log"
+    --shapes "${AB_SHAPES:-64,128;1024,4096;16,64;1;uniform,ragged}" --json "$OUT/bench_ab.json" 2>&1 | tee "$OUT/bench_ab.log"
   exit 0
 fi
 KERNELS=auto,default; FP8_KERNELS=default,wgmma,swapab; EXCL=()

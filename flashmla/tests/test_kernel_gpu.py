@@ -22,7 +22,10 @@ KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 cache
 WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_fixedcost": "128"}
 # opt-in fixed-cost switches of a variant: programmatic dependent launch of the main and combine
 # kernels (FLASHMLA_PDL=2) and the per-segment scheduler (FLASHMLA_SPLIT_OVH, read by get_mla_metadata)
-FIXED_COST_SETTINGS = {"wgmma_fixedcost": {"FLASHMLA_PDL": "2", "FLASHMLA_SPLIT_OVH": "2"}}
+# kernels (FLASHMLA_PDL=2), the combine with parallel loads (FLASHMLA_COMBINE_V=2) and the per-segment
+# scheduler (FLASHMLA_SPLIT_OVH, read by get_mla_metadata)
+FIXED_COST_SETTINGS = {"wgmma_fixedcost": {"FLASHMLA_PDL": "2", "FLASHMLA_COMBINE_V": "2", "FLASHMLA_SPLIT_OVH": "2"}}
+FIXED_COST_VARS = ("FLASHMLA_PDL", "FLASHMLA_COMBINE_V", "FLASHMLA_SPLIT_OVH")
 
 
 @pytest.fixture(params=["default"] + list(WGMMA_SETTINGS))
@@ -32,7 +35,7 @@ def kernel(request, monkeypatch):
     once more with the opt-in fixed-cost switches (FIXED_COST_SETTINGS) on."""
     monkeypatch.setenv("FLASHMLA_KERNEL", request.param.split("_")[0])
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", WGMMA_SETTINGS.get(request.param, "256"))
-    for var in ("FLASHMLA_PDL", "FLASHMLA_SPLIT_OVH"):
+    for var in FIXED_COST_VARS:
         monkeypatch.delenv(var, raising=False)
     for var, val in FIXED_COST_SETTINGS.get(request.param, {}).items():
         monkeypatch.setenv(var, val)
@@ -126,37 +129,42 @@ def test_metadata_matches_reference(lens, m, ovh, monkeypatch):
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (64, 2), (128, 1)])
-def test_pdl_is_bit_identical(h_q, s_q, monkeypatch):
-    """FLASHMLA_PDL=1/2 only changes how the main and combine kernels are launched: outputs are
-    bit-identical to the plain launch, eagerly and replayed from a CUDA graph (where the
-    programmatic edges are captured) with new lengths; the wgmma kernel is the one that ran."""
+def test_pdl_and_combine_v2_are_bit_identical(h_q, s_q, monkeypatch):
+    """FLASHMLA_PDL=1/2 only changes how the main and combine kernels are launched, and
+    FLASHMLA_COMBINE_V=2 only the order of the combine's loads: outputs are bit-identical to the
+    defaults, eagerly and replayed from a CUDA graph (where the programmatic edges are captured) with
+    new lengths; the wgmma kernel is the one that ran."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
     monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
-    lens = [4097, 0, 64, 1, 2000, 65, 8191, 130, 16384, 3]
+    # a long request next to short ones: up to ~130 splits of one request (the combine's chunks of 32)
+    lens = [4097, 0, 64, 1, 2000, 65, 8191, 130, 100000, 3]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q + 5 * s_q)
     causal = s_q > 1
+    settings = [("0", "1"), ("1", "1"), ("2", "1"), ("0", "2"), ("2", "2")]
     res = {}
-    for pdl in ("0", "1", "2"):
+    for pdl, cv in settings:
         monkeypatch.setenv("FLASHMLA_PDL", pdl)
-        res[pdl] = run(q, kc, bt, sl, causal)
+        monkeypatch.setenv("FLASHMLA_COMBINE_V", cv)
+        res[pdl, cv] = run(q, kc, bt, sl, causal)
         for _ in range(3):  # back to back: each call's main kernel may start under the last combine
             o, l = run(q, kc, bt, sl, causal)
-            assert torch.equal(o, res[pdl][0]) and torch.equal(l, res[pdl][1])
-    for pdl in ("1", "2"):
-        assert torch.equal(res[pdl][0], res["0"][0]) and torch.equal(res[pdl][1], res["0"][1])
-    check(*res["2"], *flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal))
+            assert torch.equal(o, res[pdl, cv][0]) and torch.equal(l, res[pdl, cv][1])
+    for key in settings[1:]:
+        assert torch.equal(res[key][0], res["0", "1"][0]) and torch.equal(res[key][1], res["0", "1"][1]), key
+    check(*res["2", "2"], *flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal))
     static_sl = sl.clone()
-    cap = max(lens)
+    cap = 20000
 
     def step():
         meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
         return flashmla.flash_mla_with_kvcache(q, kc, bt, static_sl, 512, meta, splits, causal=causal)
 
     graphs = {}
-    for pdl in ("0", "2"):
+    for pdl, cv in (("0", "1"), ("2", "2")):
         monkeypatch.setenv("FLASHMLA_PDL", pdl)
+        monkeypatch.setenv("FLASHMLA_COMBINE_V", cv)
         graphs[pdl] = capture(step)
     for trial in range(3):
         static_sl.copy_(torch.randint(0, cap + 1, (len(lens),), dtype=torch.int32, device=DEV))
@@ -186,6 +194,7 @@ def test_split_overhead_scheduler_decodes(lens, h_q, s_q, ovh, monkeypatch):
     for k, pdl in [("default", "0"), ("wgmma", "0"), ("wgmma", "2")]:
         monkeypatch.setenv("FLASHMLA_KERNEL", k)
         monkeypatch.setenv("FLASHMLA_PDL", pdl)
+        monkeypatch.setenv("FLASHMLA_COMBINE_V", "2" if pdl == "2" else "1")
         check(*run(q, kc, bt, sl, causal), ro, rl)
     k8 = flashmla.quantize_kvcache(kc)
     ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
@@ -198,11 +207,12 @@ def test_fixed_cost_switches_reject_bad_values(monkeypatch):
     need_kernel()
     q, kc, bt, sl = make_inputs(3, [100, 0, 7000], 16, 1, device=DEV, seed=9)
     monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    for bad in ("3", "-1", "x", "12"):
-        monkeypatch.setenv("FLASHMLA_PDL", bad)
-        with pytest.raises(RuntimeError, match="FLASHMLA_PDL"):
-            run(q, kc, bt, sl)
-    monkeypatch.delenv("FLASHMLA_PDL")
+    for var, bads in (("FLASHMLA_PDL", ("3", "-1", "x", "12")), ("FLASHMLA_COMBINE_V", ("0", "3", "22"))):
+        for bad in bads:
+            monkeypatch.setenv(var, bad)
+            with pytest.raises(RuntimeError, match=var):
+                run(q, kc, bt, sl)
+        monkeypatch.delenv(var)
     monkeypatch.setenv("FLASHMLA_SPLIT_OVH", "256")
     with pytest.raises(ValueError, match="FLASHMLA_SPLIT_OVH"):
         run(q, kc, bt, sl)
