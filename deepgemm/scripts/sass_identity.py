@@ -1,0 +1,59 @@
+"""Default kernels' SASS (encodings included) under the current sm90_gemm.cuh vs the one of a git ref: a switch that
+must not change the default kernels (DEEPGEMM_SPLIT_K, ...) is checked with
+    python deepgemm/scripts/sass_identity.py b6e0afe
+(nvcc and cuobjdump needed; 21 configurations: FP8 / BF16 dense at small and large M, grouped, FP8 / FP32 out,
+C, PIPE, both multicasts, BN256 RS, TMA store, swap-AB, K split on and off). Exit status 1 if any differs."""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from deepgemm.jit import compiler, kernels as K
+from test_multicast import _sass_tools
+tools = _sass_tools(); env = dict(os.environ, PATH=tools + os.pathsep + os.environ.get("PATH", ""))
+ref = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
+new_hdr = compiler.read_header()
+old_hdr = subprocess.run(["git", "show", f"{ref}:deepgemm/src/deepgemm/include/deepgemm/sm90_gemm.cuh"], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+orig = compiler.read_header
+mk = K._make_config
+B, F32 = torch.bfloat16, torch.float32
+cfgs = [mk("dense", True, B, None, 2112, 7168, 64, 1, 132, "staged", "1"),
+        mk("dense", True, B, None, 7168, 2048, 128, 1, 132, "staged", "1"),
+        mk("dense", True, F32, F32, 4096, 7168, 64, 1, 132, "staged", "1"),
+        mk("masked", True, B, None, 4096, 7168, 64, 8, 132, "staged", "1"),
+        mk("dense", True, B, None, 7168, 2048, 4096, 1, 132, "staged", "1"),
+        mk("dense", True, B, None, 2112, 7168, 4096, 1, 132, "staged", "1"),
+        mk("dense", True, B, None, 7168, 16384, 4096, 1, 132, "staged", "1"),
+        mk("dense", True, torch.float8_e4m3fn, None, 4096, 384, 37, 1, 132, "staged", "1"),
+        mk("dense", True, B, B, 24576, 1536, 128, 1, 132, "direct", "1"),
+        mk("contiguous", True, B, None, 4096, 7168, 32768, 1, 132, "staged", "1"),
+        mk("contiguous", True, B, None, 7168, 2048, 32768, 1, 132, "staged", "1", bn256_env="0"),
+        mk("dense", False, B, None, 4096, 7168, 4096, 1, 132, "staged", "1"),
+        mk("dense", False, B, None, 7168, 2048, 64, 1, 132, "staged", "1"),
+        mk("masked", False, B, None, 7168, 2048, 64, 4, 132, "staged", "1"),
+        mk("dense", True, B, None, 7168, 2048, 4096, 1, 132, "staged", "1", pipe_env="1", bn256_env="0", tstore_env="0"),
+        mk("dense", True, B, None, 7168, 2048, 4096, 1, 132, "staged", "1", mcast_env="1", bn256_env="0", tstore_env="0"),
+        mk("dense", True, B, None, 7168, 2048, 64, 1, 132, "staged", "1", mcast_env="1"),
+        mk("dense", True, B, None, 7168, 2048, 4096, 1, 132, "staged", "1", bn256_env="2"),
+        mk("dense", True, B, None, 7168, 2048, 8, 1, 132, "staged", "1", swap_env="1"),
+        mk("masked", True, B, None, 4096, 7168, 16, 8, 132, "staged", "1", swap_env="2"),
+        mk("dense", True, B, None, 7168, 2048, 64, 1, 132, "staged", "0")]
+same = 0
+for cfg in cfgs:
+    out = []
+    for hdr in (old_hdr, new_hdr):
+        compiler.read_header = lambda name="deepgemm/sm90_gemm.cuh", h=hdr: h if name == "deepgemm/sm90_gemm.cuh" else orig(name)
+        os.environ["DEEPGEMM_CACHE_DIR"] = tempfile.mkdtemp()
+        cubin, rec = compiler.build("deepgemm_kernel", K.kernel_source(cfg), backend="nvcc")
+        p = os.environ["DEEPGEMM_CACHE_DIR"] + "/k.cubin"; open(p, "wb").write(cubin)
+        out.append(subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", p], capture_output=True, text=True, env=env, check=True).stdout)
+    ok = out[0] == out[1]
+    same += ok
+    print("SAME" if ok else "DIFF", cfg, flush=True)
+print(f"{same}/{len(cfgs)} identical")
+sys.exit(0 if same == len(cfgs) else 1)
