@@ -598,6 +598,11 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* pd = getenv("FLASHMLA_PDL");
   const int pdl = pd && pd[0] ? atoi(pd) : 0;
   if (pdl < 0 || pdl > 2 || (pd && pd[0] && (pd[1] || pd[0] < '0' || pd[0] > '2'))) return "FLASHMLA_PDL must be 0, 1 or 2";
+  // FLASHMLA_COMBINE_V (opt-in, default 1): 2 runs the combine with its loads in parallel (same
+  // arithmetic in the same order: bit-identical output)
+  const char* cv = getenv("FLASHMLA_COMBINE_V");
+  if (cv && cv[0] && !((cv[0] == '1' || cv[0] == '2') && !cv[1])) return "FLASHMLA_COMBINE_V must be 1 or 2";
+  const bool v2 = cv && cv[0] == '2';
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
@@ -620,11 +625,6 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   } else {
     e = launch<4, false, false>(a, st);
   }
-  // FLASHMLA_COMBINE_V (opt-in, default 1): 2 runs the combine with its loads in parallel (same
-  // arithmetic in the same order: bit-identical output)
-  const char* cv = getenv("FLASHMLA_COMBINE_V");
-  if (cv && cv[0] && !((cv[0] == '1' || cv[0] == '2') && !cv[1])) return "FLASHMLA_COMBINE_V must be 1 or 2";
-  const bool v2 = cv && cv[0] == '2';
   if (e == cudaSuccess && pdl == 0) {
     if (v2) mla_combine_kernel<false, true><<<dim3(m, a.batch), 128, 0, st>>>(a);
     else mla_combine_kernel<false, false><<<dim3(m, a.batch), 128, 0, st>>>(a);
