@@ -166,7 +166,7 @@ class PipelineBase(nn.Module):
         for row in self._plans[key]:
             self._execute(row)
         self._finish_sends()
-        if not WeightGradStore.funcs_queue.empty() or self.comm_ops:
+        if not WeightGradStore.funcs_queue.empty() or self.comm_ops or self._grad_recvs:
             raise RuntimeError(f"{type(self).__name__}: plan left queued weight grads or uncommitted p2p ops")
 
         loss, outputs = None, None
@@ -260,6 +260,8 @@ class PipelineBase(nn.Module):
         self.comm_ops: List[dist.P2POp] = []
         self.to_free: List[torch.Tensor] = []
         self._send_works: list = []  # split_p2p: (works, tensors to free) of sends still in flight
+        self._grad_recvs: list = []  # split_p2p: receives of gradients not yet awaited
+        self._grad_recv_ops: set = set()  # indices in comm_ops of the pending gradient receives
         self._deferred: List[Tuple[int, int]] = []  # (phase, chunk) of queued weight-grad groups
 
     # ---- op dispatch --------------------------------------------------------------------------
@@ -314,6 +316,9 @@ class PipelineBase(nn.Module):
 
     def _pre_backward(self, phase: int):
         """Take what the backward of the next micro-batch of ``phase`` needs: (chunk, loss, outputs, grads)."""
+        for req in self._grad_recvs:  # split_p2p: gradients received for backwards are awaited only here
+            req.wait()
+        self._grad_recvs = []
         chunk_id = self.current_b_chunk_id[phase]
         self.current_b_chunk_id[phase] += 1
         if self._is_last_stage[phase]:
@@ -411,8 +416,10 @@ class PipelineBase(nn.Module):
             raise RuntimeError(f"plan error: RECV_B on phase {phase} of pipeline rank {self.rank}")
         chunk_id = self.current_recv_b_chunk_id[phase]
         self.current_recv_b_chunk_id[phase] += 1
+        first = len(self.comm_ops)
         self.output_grad_chunks[phase].append(comm.append_irecv(self.comm_ops, dst, self.group, self.device,
                                                                 self._p2p_group(dst, self.group.rank())))
+        self._grad_recv_ops.update(range(first, len(self.comm_ops)))
         return (RECV_B, 0, phase, chunk_id, -1, -1)
 
     def _send_backward(self, phase: int):
@@ -439,23 +446,30 @@ class PipelineBase(nn.Module):
             self._free_tensors(self.to_free)
             self.to_free = []
         else:
-            # one batch per (direction, neighbour) group, posts in plan order; nothing waits for the
-            # sends: what they carry is freed once they are seen complete (or at the end of the step)
+            # sends: one batch per (direction, neighbour) group, posts in plan order; nothing waits for
+            # them: what they carry is freed once they are seen complete (or at the end of the step)
             self._finish_sends(block=False)
-            batches: Dict[int, List[dist.P2POp]] = {}
+            sends: Dict[int, List[dist.P2POp]] = {}
             for op in self.comm_ops:
-                batches.setdefault(id(op.group), []).append(op)
-            recv_works, to_free = [], {id(t) for t in self.to_free}
-            for ops in sorted(batches.values(), key=lambda b: b[0].op is dist.irecv):  # sends first
+                if op.op is dist.isend:
+                    sends.setdefault(id(op.group), []).append(op)
+            to_free = {id(t) for t in self.to_free}
+            for ops in sends.values():
                 works = dist.batch_isend_irecv(ops)
-                if ops[0].op is dist.irecv:
-                    recv_works.extend(works)
-                else:
-                    self._send_works.append((works, [op.tensor for op in ops if id(op.tensor) in to_free]))
+                self._send_works.append((works, [op.tensor for op in ops if id(op.tensor) in to_free]))
+            # receives one by one in posting order (the order the peer sends in): activations are awaited
+            # now, gradients only when a backward starts (_pre_backward), so in an F&B the forward runs
+            # while the backward's gradient still arrives
+            recv_works = []
+            for i, op in enumerate(self.comm_ops):
+                if op.op is dist.irecv:
+                    works = dist.batch_isend_irecv([op])
+                    (self._grad_recvs if i in self._grad_recv_ops else recv_works).extend(works)
             for req in recv_works:
                 req.wait()
             self.to_free = []
         self.comm_ops = []
+        self._grad_recv_ops = set()
         return (COMMIT, 0, -1, -1, -1, -1)
 
     def _finish_sends(self, block: bool = True) -> None:
