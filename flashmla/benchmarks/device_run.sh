@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call that validates and measures the wgmma variant next to the default kernel:
 #   bash flashmla/benchmarks/device_run.sh OUTDIR [ab]   (from the repository root, on a CUDA machine;
-#   ab: the opt-in fixed-cost switches (FLASHMLA_PDL, FLASHMLA_COMBINE_V, FLASHMLA_SPLIT_OVH) side by side instead of steps 2-4, see below)
+#   ab: the opt-in fixed-cost switches (FLASHMLA_PDL, FLASHMLA_COMBINE_V, FLASHMLA_SPLIT_OVH) side by side instead of steps 2-4, see below;
+#   and the FP8 cache at h_q 16/24/32 under swapab+FLASHMLA_SWAPAB_MAX_ROWS=32 beside default/swapab)
 # 1. builds flashmla with CUDA; 2. a smoke test of the wgmma kernel under a timeout (a hang or a
 # crash there drops wgmma from the later steps, so the default kernel's results still come back);
 # 2b. the same for the FP8 wgmma variant (smoke_fp8.log; a hang or crash drops it alone); 2c. and for
@@ -61,6 +62,20 @@ if [ "${2:-}" = ab ]; then
   timeout 150 "$PY" -m pytest flashmla/tests -m gpu -q -p no:cacheprovider ${SEL[@]+"${SEL[@]}"} >"$OUT/gpu_tests.log" 2>&1
   echo "gpu tests: rc=$? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/gpu_tests.log")"
   grep -E "^FAILED" "$OUT/gpu_tests.log" | head -20
+  # FP8 cache at 17..32 rows: the swap-AB kernel's opt-in NR = 32 instantiation
+  # (FLASHMLA_SWAPAB_MAX_ROWS=32) beside the default (mma.sync FP8 path, auto's choice at h_q 32 today)
+  # and the BF16 cache, h_q 16 / 24 / 32, s_q = 1; after a smoke test of NR = 32 (hang/crash: skipped)
+  timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
+    -k "test_fp8_swapab_matches_default_kernel and (32-1 or 16-2)" >"$OUT/smoke_swapab32.log" 2>&1
+  rc=$?; echo "swapab NR=32 smoke: rc=$rc ($(tail -1 "$OUT/smoke_swapab32.log"))"
+  grep -E "^(FAILED|E  )" "$OUT/smoke_swapab32.log" | head -8
+  if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_swapab32.log"; then
+    echo "swapab NR=32 hangs or crashes: FP8 A/B skipped"
+  else
+    timeout "$(cap 150)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --fp8 --fp8-only --kernels auto \
+      --fp8-kernels "default,swapab,swapab+FLASHMLA_SWAPAB_MAX_ROWS=32,auto+FLASHMLA_SWAPAB_MAX_ROWS=32" \
+      --fp8-heads "${AB_FP8_HEADS:-16,24,32}" --json "$OUT/bench_ab_fp8.json" 2>&1 | tee "$OUT/bench_ab_fp8.log"
+  fi
   # first column: auto (today's defaults); auto+FLASHMLA_PDL=0 is the same code again (the noise floor)
   timeout "$(left)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --kernels "auto,$V" \
     --shapes "${AB_SHAPES:-64,128;1024,4096;16,64;1;uniform,ragged}" --json "$OUT/bench_ab.json" 2>&1 | tee "$OUT/bench_ab.log"

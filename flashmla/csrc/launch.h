@@ -1,6 +1,7 @@
 // Host launchers of the CUDA kernels (defined in the .cu files, called from bindings.cpp).
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 
 namespace flashmla {
 
@@ -48,6 +49,14 @@ constexpr int kSwapabL2Prefetch = 2;
 // FLASHMLA_KERNEL unset or 'auto' with an FP8 cache: the swap-AB kernel up to this many query rows
 // (H200: 1.4x the mma.sync FP8 path and 1.08-1.16x the BF16 cache at 8-16 rows, BENCHMARKS.md).
 constexpr int kSwapabMaxRows = 16;
+// FLASHMLA_SWAPAB_MAX_ROWS=32 (opt-in, not yet measured): the swap-AB kernel's 32-row instantiation
+// (wgmma m64n32k16) also takes 17..32 rows, under auto and FLASHMLA_KERNEL=swapab; unset or 16:
+// kSwapabMaxRows. Any other value: swapab_max_rows() returns -1 (launch_mla_decode reports it).
+inline int swapab_max_rows() {
+  const char* v = std::getenv("FLASHMLA_SWAPAB_MAX_ROWS");
+  if (!v || !v[0] || (v[0] == '1' && v[1] == '6' && !v[2])) return kSwapabMaxRows;
+  return v[0] == '3' && v[1] == '2' && !v[2] ? 32 : -1;
+}
 
 // Returns a CUDA error string, or nullptr on success.
 const char* launch_mla_decode(const DecodeArgs& a, void* stream);
@@ -63,9 +72,9 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream, int pdl = 0);
 // false, the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 // Swap-AB FP8 kernel for few query rows (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab): -1
-// without launching when a.is_fp8 is false, s_q * h_q > 16, the pages are not back to back or the
-// pointers are not 16-byte aligned.
-int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream);
+// without launching when a.is_fp8 is false, s_q * h_q > max_rows (16 or 32: swapab_max_rows()),
+// the pages are not back to back or the pointers are not 16-byte aligned.
+int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows);
 // seg_ovh < 0: the default scheduler (request start = FIXED_OVERHEAD pages); 0..kMaxSegOverhead:
 // every segment costs seg_ovh pages (FLASHMLA_SPLIT_OVH, ref.schedule_segments_ref)
 constexpr int kMaxSegOverhead = 255;

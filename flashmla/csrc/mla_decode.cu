@@ -572,7 +572,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* kern = getenv("FLASHMLA_KERNEL");
   const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
   // 'swapab' runs the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) for an FP8 cache with at most
-  // kSwapabMaxRows (16) query rows per request, as auto does; anything else under 'swapab' (BF16 cache,
+  // kSwapabMaxRows (16; 32 under FLASHMLA_SWAPAB_MAX_ROWS=32) query rows per request, as auto does; anything else under 'swapab' (BF16 cache,
   // more rows) runs the default kernel.
   if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0 && strcmp(kern, "swapab") != 0)
     return "FLASHMLA_KERNEL must be unset, 'auto', 'default', 'wgmma' or 'swapab'";
@@ -603,14 +603,17 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* cv = getenv("FLASHMLA_COMBINE_V");
   if (cv && cv[0] && !((cv[0] == '1' || cv[0] == '2') && !cv[1])) return "FLASHMLA_COMBINE_V must be 1 or 2";
   const bool v2 = cv && cv[0] == '2';
+  // FLASHMLA_SWAPAB_MAX_ROWS (opt-in): 32 lets the swap-AB FP8 kernel take 17..32 rows (launch.h)
+  const int sab_rows = swapab_max_rows();
+  if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream, pdl);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
-  if (a.is_fp8 && (auto_pick ? m <= kSwapabMaxRows : strcmp(kern, "swapab") == 0)) {
+  if (a.is_fp8 && (auto_pick ? m <= sab_rows : strcmp(kern, "swapab") == 0)) {
     if (!(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
-    wg = launch_mla_decode_swapab_fp8(a, stream);  // -1: not an FP8 cache of <= 16 rows, or no TMA
+    wg = launch_mla_decode_swapab_fp8(a, stream, sab_rows);  // -1: not an FP8 cache of <= sab_rows rows, or no TMA
     g_last_kernel = wg >= 0 ? "swapab" : "default";
   }
   if (wg >= 0) {

@@ -1,9 +1,16 @@
-// MLA decode, sm_90a, FP8 cache, few query rows (FLASHMLA_KERNEL=swapab; s_q * h_q <= 16, h_kv = 1).
-// Swap-AB: the page's 64 keys are the wgmma M dimension and the query rows the N dimension (16), so
+// MLA decode, sm_90a, FP8 cache, few query rows (FLASHMLA_KERNEL=swapab; s_q * h_q <= 16, h_kv = 1;
+// <= 32 under FLASHMLA_SWAPAB_MAX_ROWS=32, opt-in until measured).
+// Swap-AB: the page's 64 keys are the wgmma M dimension and the query rows the N dimension (NR), so
 // 16 rows cost 16 columns of tensor work instead of a 64-row tile padded from 16 (the FP8 wgmma
 // kernel). Same DecodeArgs, metadata, split partials, lse and combine kernel as the other kernels.
+// Two instantiations, NR = 16 (1..16 rows) and NR = 32 (17..32 rows): m64nNRk16 for S^T and O^T, a Q
+// tile of NR rows, P^T [NR x 64], NR / 4 softmax row columns per thread, NR / 2 fp32 per fragment.
+// The text below describes NR = 16; NR = 32 differs in: 384 threads (WG2 = warp 8's producer plus 3
+// idle warps; setmaxnreg: WG2 to 40 registers, the consumer WG1 to 240 for its 128 O^T
+// accumulators, the dequantiser keeps 168), a 36 KiB Q tile, 4 + 4 KiB P^T, sMax / sL [2][4][32],
+// and a raw ring of 3 chunk slots instead of 5 (227,456 bytes of shared memory in all).
 //
-// One CTA = one scheduler part, 288 threads:
+// One CTA = one scheduler part, 288 threads (NR = 16):
 //   warp 8 (producer, one thread): TMA of the request's 16 Q rows (once per request, after its first
 //     page's chunks; tensor map with a 64 x 16 box, 128B swizzle, 9 slabs of 2 KiB; q_full: expect_tx
 //     + bytes, q_empty: 128 consumer arrivals after the request's last S) and cp.async.bulk of the raw FP8 page in 4
@@ -42,17 +49,31 @@ namespace {
 
 constexpr int SAB_TOKEN = 656, SAB_PAGE = PAGE * SAB_TOKEN;   // FP8 bytes per token / per page
 constexpr int CH_TOK = 16, CH_BYTES = CH_TOK * SAB_TOKEN;       // a raw chunk: 16 tokens, 10,496 B
-constexpr int NCH = 5;                                          // raw ring: chunk slots
-constexpr int SAB_ROWS = 16, QSLAB = SAB_ROWS * 128;            // Q slab: 16 rows x 64 bf16
 constexpr int SAB_THREADS = 288;
-constexpr int S_OFF_K = 0, S_OFF_Q = 2 * TILE, S_OFF_RAW = S_OFF_Q + NSLAB * QSLAB;
-constexpr int S_OFF_P = (S_OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, S_OFF_MISC = S_OFF_P + 2 * QSLAB;
-constexpr int S_NBAR = 2 * NCH + 6;  // raw_full[NCH], raw_empty[NCH], full[2], empty[2], q_full, q_empty
-constexpr int S_MISC = 128 + 2 * 2 * 4 * 16 * 4;
-constexpr int S_SMEM = S_OFF_MISC + S_MISC + 1024;
-static_assert(S_NBAR * 8 <= 128, "mbarriers overflow their 128 bytes");
-static_assert(S_SMEM <= 232448, "shared memory over the sm_90 limit");
-static_assert(CH_BYTES % 16 == 0 && S_OFF_RAW % 16 == 0, "bulk copies need 16-byte sizes and addresses");
+// Layout of the instantiation for NR query rows (16 or 32: the wgmma N of S^T and O^T). NR = 32
+// doubles the Q tile and P^T planes, so its raw ring has 3 chunk slots instead of 5 to fit.
+template <int NR>
+struct SabLayout {
+  static_assert(NR == 16 || NR == 32, "swap-AB rows: 16 or 32");
+  static constexpr int NCH = NR == 16 ? 5 : 3;                    // raw ring: chunk slots
+  // NR = 32: 128 O^T accumulators per consumer thread do not fit the 168 registers of 288 threads
+  // (9 warps: 3 on one SM sub-partition), so it runs 384 threads and setmaxnreg (WG2: producer)
+  static constexpr int THREADS = NR == 16 ? SAB_THREADS : 384;
+  static constexpr int QSLAB = NR * 128;                          // Q slab: NR rows x 64 bf16
+  static constexpr int OFF_Q = 2 * TILE, OFF_RAW = OFF_Q + NSLAB * QSLAB;
+  static constexpr int OFF_P = (OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, OFF_MISC = OFF_P + 2 * QSLAB;
+  static constexpr int NBAR = 2 * NCH + 6;  // raw_full[NCH], raw_empty[NCH], full[2], empty[2], q_full, q_empty
+  static constexpr int MISC = 128 + 2 * 2 * 4 * NR * 4;
+  static constexpr int SMEM = OFF_MISC + MISC + 1024;
+  static_assert(NBAR * 8 <= 128, "mbarriers overflow their 128 bytes");
+  static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
+  static_assert(CH_BYTES % 16 == 0 && OFF_RAW % 16 == 0, "bulk copies need 16-byte sizes and addresses");
+};
+static_assert(SabLayout<16>::SMEM == 225408 && SabLayout<32>::SMEM == 227456, "layout as documented");
+// NR = 32 (384 threads, 168 registers each at launch): WG2 (producer) gives registers back, WG1
+// (consumer) takes them; WG0 (dequantiser) keeps 168
+constexpr int SAB32_PRODUCER_REGS = 40, SAB32_CONSUMER_REGS = 240;
+static_assert(128 * (168 - SAB32_PRODUCER_REGS) >= 128 * (SAB32_CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
 // named barriers of the consumer warpgroup (0 is __syncthreads)
 constexpr int BAR_SMAX = 1, BAR_PT = 2, BAR_SL = 3;
 
@@ -65,6 +86,17 @@ __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint
       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(1), "n"(TA));
+}
+// D[64x32] += A[64x16] B[16x32]: the same for 32 rows (16 fp32 per thread)
+template <int TA>
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(da), "l"(db), "r"(1), "n"(TA));
 }
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -99,9 +131,11 @@ __device__ __forceinline__ uint16_t bf16_bits(float x) {
   return *reinterpret_cast<const uint16_t*>(&h);
 }
 
+template <int NR>
 struct SabCta {
+  static constexpr int NCH = SabLayout<NR>::NCH;
   uint32_t uK, uQ, uRaw, uP, uBar;
-  float *sMax, *sL;  // [2][4 warps][16 rows] each
+  float *sMax, *sL;  // [2][4 warps][NR rows] each
   int m, b0, k0, b1, k1, first, last;
   __device__ uint32_t raw_full(int c) const { return uBar + 8 * c; }
   __device__ uint32_t raw_empty(int c) const { return uBar + 8 * (NCH + c); }
@@ -112,7 +146,8 @@ struct SabCta {
 };
 
 // ---------------------------------------------------------------- producer (one thread)
-__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta& c, const CUtensorMap* tmQ) {
+template <int NR>
+__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<NR>& c, const CUtensorMap* tmQ) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
   const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
   int slot = 0, phase = 0, qn = 0;
@@ -131,14 +166,14 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta& 
         mbar_wait(c.raw_empty(slot), phase ^ 1);
         mbar_expect_tx(c.raw_full(slot), CH_BYTES);
         bulk_copy(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot));
-        if (++slot == NCH) slot = 0, phase ^= 1;
+        if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
       }
       // Q after the first page's chunks: those only wait for the dequantiser to free ring slots, so
       // they are in flight while the consumer still runs S on the previous request's last page
       if (blk == w.kbeg) {
         mbar_wait(c.q_empty(), (qn & 1) ^ 1);  // the consumer is done with the previous request's Q
-        mbar_expect_tx(c.q_full(), NSLAB * QSLAB);
-        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * QSLAB, tmQ, j * 64, b * c.m, c.q_full());
+        mbar_expect_tx(c.q_full(), NSLAB * SabLayout<NR>::QSLAB);
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * SabLayout<NR>::QSLAB, tmQ, j * 64, b * c.m, c.q_full());
         ++qn;
       }
     }
@@ -150,7 +185,8 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta& 
 // of each chunk; its two 16-byte stores go to units 2(cc&3), 2(cc&3)+1 of slab cc>>2, the odd
 // slabs' lanes storing their second unit first, so that each quarter warp's store hits 8 distinct
 // units (conflict-free). RoPE: thread t copies 16 bytes (unit t&7) of token t>>3.
-__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta& c, int t) {
+template <int NR>
+__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR>& c, int t) {
   const int w4 = t >> 5, cc = t & 31;
   const bool odd = (cc >> 2) & 1;
   const int ua = 2 * (cc & 3);              // unit of columns 16cc..+7; ua + 1: 16cc+8..+15
@@ -200,7 +236,7 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta& c
           sts128(st + 8 * SLAB + row * 128 + ((ru ^ (row & 7)) << 4), rope.x, rope.y, rope.z, rope.w);
         }
         mbar_arrive(c.raw_empty(slot));  // our reads of the slot are done (their values are stored)
-        if (++slot == NCH) slot = 0, phase ^= 1;
+        if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
       }
       fence_async_smem();  // generic-proxy stores -> visible to wgmma
       mbar_arrive(c.full(s));
@@ -209,22 +245,24 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta& c
 }
 
 // ---------------------------------------------------------------- consumer (WG1, t = 0..127)
-// Accumulator fragment of m64n16 (per thread, index j*4 + h*2 + e): M row w*16 + gq + 8h, N column
-// 8j + 2cq + e. S^T: M = key of the page, N = query row. O^T: M = value column (+ 64 per m-tile).
-template <bool LO>
-__device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c, const Work& w, int b, int t,
+// Accumulator fragment of m64nNR (NR / 2 per thread, index j*4 + h*2 + e, j < NR / 8): M row
+// w*16 + gq + 8h, N column 8j + 2cq + e. S^T: M = key of the page, N = query row. O^T: M = value
+// column (+ 64 per m-tile). Each thread holds KC = NR / 4 query-row columns k = 2j + e.
+template <int NR, bool LO>
+__device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR>& c, const Work& w, int b, int t,
                                             int& it, int& qn, int& pg, int& rq) {
+  constexpr int QSLAB = SabLayout<NR>::QSLAB, NF = NR / 2, KC = NR / 4;
   const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
   const float scale_log2 = a.softmax_scale * LOG2E;
-  float o[8][8];
+  float o[8][NF];
 #pragma unroll
   for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[mt][i] = 0.f;
-  float mrow[4], lrow[4];
-  int lim[4];
+    for (int i = 0; i < NF; ++i) o[mt][i] = 0.f;
+  float mrow[KC], lrow[KC];
+  int lim[KC];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {  // column k = 2j + e: query row n = 8j + 2cq + e
+  for (int k = 0; k < KC; ++k) {  // column k = 2j + e: query row n = 8j + 2cq + e
     const int n = 8 * (k >> 1) + 2 * cq + (k & 1);
     mrow[k] = NEG_INF, lrow[k] = 0.f;
     lim[k] = (a.causal && n < c.m) ? min(w.L, w.L - a.s_q + 1 + n / a.h_q) : w.L;
@@ -237,9 +275,9 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
     const uint32_t uKs = c.uK + s * TILE;
     mbar_wait(c.full(s), (it >> 1) & 1);
     // ---- S^T = K Q^T
-    float sacc[8];
+    float sacc[NF];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) sacc[i] = 0.f;
+    for (int i = 0; i < NF; ++i) sacc[i] = 0.f;
     fence_regs(sacc);
     wgmma_fence();
     const uint64_t dk = desc_kmajor(uKs), dq = desc_kmajor(c.uQ);
@@ -252,41 +290,43 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
     fence_regs(sacc);
     if (blk == w.kend - 1) mbar_arrive(c.q_empty());
     // ---- mask, scale, column max over the 64 keys
-    float mx[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF};
+    float mx[KC];
+#pragma unroll
+    for (int k = 0; k < KC; ++k) mx[k] = NEG_INF;
     const int key0 = blk * PAGE + w4 * 16 + gq;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < NF; ++i) {
       const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
       const float v = key0 + 8 * h < lim[k] ? sacc[i] * scale_log2 : NEG_INF;
       sacc[i] = v;
       mx[k] = fmaxf(mx[k], v);
     }
-    float* smx = c.sMax + (pg & 1) * 64;
+    float* smx = c.sMax + (pg & 1) * 4 * NR;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < KC; ++k) {
       mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
       mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
       mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
     }
     if (gq == 0) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        *reinterpret_cast<float2*>(smx + w4 * 16 + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
+      for (int j = 0; j < NR / 8; ++j)
+        *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
     }
     bar_sync(BAR_SMAX, 128);  // also: every warp is past the previous page's P V (P^T is free)
-    float al[4], muse[4];
+    float al[KC], muse[KC];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < NR / 8; ++j) {
       float2 m4 = *reinterpret_cast<const float2*>(smx + 8 * j + 2 * cq);
 #pragma unroll
       for (int ww = 1; ww < 4; ++ww) {
-        const float2 x = *reinterpret_cast<const float2*>(smx + ww * 16 + 8 * j + 2 * cq);
+        const float2 x = *reinterpret_cast<const float2*>(smx + ww * NR + 8 * j + 2 * cq);
         m4.x = fmaxf(m4.x, x.x), m4.y = fmaxf(m4.y, x.y);
       }
       mx[2 * j] = m4.x, mx[2 * j + 1] = m4.y;
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < KC; ++k) {
       const float mn = fmaxf(mrow[k], mx[k]);
       muse[k] = mn == NEG_INF ? 0.f : mn;
       al[k] = exp2_ftz(mrow[k] - muse[k]);
@@ -295,7 +335,7 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
     }
     // ---- P^T[n][key] (bf16 hi, and lo) into the K-major B operand of P V
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < NF; ++i) {
       const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
       const int n = 8 * (i >> 2) + 2 * cq + (i & 1);
       const float p = exp2_ftz(sacc[i] - muse[k]);
@@ -308,11 +348,14 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
     fence_async_smem();
     bar_sync(BAR_PT, 128);
     // ---- O^T = alpha O^T + V^T P^T
-    if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f)) {
+    bool rescale = al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f;
+#pragma unroll
+    for (int k = 4; k < KC; ++k) rescale = rescale || al[k] != 1.f;
+    if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)];
+        for (int i = 0; i < NF; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)];
     }
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
@@ -333,24 +376,24 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
   }
 
   // ---- epilogue: row sums over lanes and warps, then out / lse (or the split partials)
-  float* sl = c.sL + (rq & 1) * 64;
+  float* sl = c.sL + (rq & 1) * 4 * NR;
   ++rq;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < KC; ++k) {
     lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 4);
     lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 8);
     lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 16);
   }
   if (gq == 0) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      *reinterpret_cast<float2*>(sl + w4 * 16 + 8 * j + 2 * cq) = make_float2(lrow[2 * j], lrow[2 * j + 1]);
+    for (int j = 0; j < NR / 8; ++j)
+      *reinterpret_cast<float2*>(sl + w4 * NR + 8 * j + 2 * cq) = make_float2(lrow[2 * j], lrow[2 * j + 1]);
   }
   bar_sync(BAR_SL, 128);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < KC; ++k) {
     const int n = 8 * (k >> 1) + 2 * cq + (k & 1);
-    const float l = sl[n] + sl[16 + n] + sl[32 + n] + sl[48 + n];
+    const float l = sl[n] + sl[NR + n] + sl[2 * NR + n] + sl[3 * NR + n];
     if (n >= c.m) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int idx0 = (k >> 1) * 4 + (k & 1);  // fragment index of (h = 0, this column)
@@ -379,15 +422,18 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta& c
   }
 }
 
-__global__ void __launch_bounds__(SAB_THREADS, 1)
+template <int NR>
+__global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
     mla_decode_swapab_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
+  using L = SabLayout<NR>;
+  constexpr int NCH = L::NCH;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
-  SabCta c;
-  c.uK = base + S_OFF_K, c.uQ = base + S_OFF_Q, c.uRaw = base + S_OFF_RAW, c.uP = base + S_OFF_P;
-  c.uBar = base + S_OFF_MISC;
-  c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + S_OFF_MISC + 128);
-  c.sL = c.sMax + 128;
+  SabCta<NR> c;
+  c.uK = base, c.uQ = base + L::OFF_Q, c.uRaw = base + L::OFF_RAW, c.uP = base + L::OFF_P;
+  c.uBar = base + L::OFF_MISC;
+  c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + L::OFF_MISC + 128);
+  c.sL = c.sMax + 2 * 4 * NR;
   c.m = a.s_q * a.h_q;
   const int* meta = a.meta + blockIdx.y * 8;
   c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
@@ -409,50 +455,67 @@ __global__ void __launch_bounds__(SAB_THREADS, 1)
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
-  if (warp == 8) {
-    if ((threadIdx.x & 31) == 0) sab_producer(a, c, &tmQ);
-    return;
+  if constexpr (NR == 16) {
+    if (warp == 8) {
+      if ((threadIdx.x & 31) == 0) sab_producer(a, c, &tmQ);
+      return;
+    }
+  } else {  // WG2: warp 8 lane 0 is the producer, warps 9-11 only hand their registers back
+    if (warp >= 8) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SAB32_PRODUCER_REGS) : "memory");
+      if (threadIdx.x == 256) sab_producer(a, c, &tmQ);
+      return;
+    }
   }
   if (warp < 4) {
     sab_dequant(a, c, threadIdx.x);
     return;
   }
+  if constexpr (NR == 32) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SAB32_CONSUMER_REGS) : "memory");
   const int t = threadIdx.x - 128;
   int it = 0, qn = 0, pg = 0, rq = 0;
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
-    if (w.L < a.p_bf16_min_keys) sab_request<true>(a, c, w, b, t, it, qn, pg, rq);
-    else sab_request<false>(a, c, w, b, t, it, qn, pg, rq);
+    if (w.L < a.p_bf16_min_keys) sab_request<NR, true>(a, c, w, b, t, it, qn, pg, rq);
+    else sab_request<NR, false>(a, c, w, b, t, it, qn, pg, rq);
   }
 }
 
-}  // namespace
-
-int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream) {
-  // FP8 cache, at most 16 query rows, pages back to back (bulk copies of 16 tokens), 16-byte
-  // aligned pointers; otherwise -1 (the caller runs the default kernel)
-  const int m = a.s_q * a.h_q;
-  if (!a.is_fp8 || m > SAB_ROWS || m < 1 || a.kcache_block_stride != (int64_t)SAB_PAGE ||
-      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
-    return -1;
+// Builds Q's tensor map and launches the NR-row instantiation (-1 without launching: no TMA).
+template <int NR>
+int launch_swapab(const DecodeArgs& a, int m, void* stream) {
   auto fn = encode_tiled();
   if (!fn) return -1;
-  // Q as rows of 576 bf16, boxes of 16 rows x 64 columns, 128B swizzle (rows past the tensor read 0;
+  // Q as rows of 576 bf16, boxes of NR rows x 64 columns, 128B swizzle (rows past the tensor read 0;
   // rows of the next request are finite and only reach the padding columns of S^T and O^T)
   alignas(64) CUtensorMap tmQ;
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(D_QK), static_cast<cuuint64_t>(a.batch) * m};
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(D_QK * 2)};
-  cuuint32_t box[2] = {64, SAB_ROWS}, estr[2] = {1, 1};
+  cuuint32_t box[2] = {64, NR}, estr[2] = {1, 1};
   if (fn(&tmQ, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(a.q), dims, strides, box, estr,
          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return -1;
+  constexpr int smem = SabLayout<NR>::SMEM;
   cudaError_t e =
-      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S_SMEM);
+      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel<NR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  mla_decode_swapab_fp8_kernel<<<dim3(1, a.parts), SAB_THREADS, S_SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
+  mla_decode_swapab_fp8_kernel<NR><<<dim3(1, a.parts), SabLayout<NR>::THREADS, smem, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows) {
+  // FP8 cache, at most max_rows (16, or 32 under FLASHMLA_SWAPAB_MAX_ROWS=32) query rows, pages
+  // back to back (bulk copies of 16 tokens), 16-byte aligned pointers; otherwise -1 (the caller
+  // runs the default kernel). 1..16 rows run the 16-row instantiation, 17..32 the 32-row one.
+  const int m = a.s_q * a.h_q;
+  if (!a.is_fp8 || m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != (int64_t)SAB_PAGE ||
+      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
+    return -1;
+  return m <= 16 ? launch_swapab<16>(a, m, stream) : launch_swapab<32>(a, m, stream);
 }
 
 }  // namespace flashmla

@@ -80,6 +80,20 @@ def test_bad_input_raises_clear_error(case):
         flashmla.flash_mla_with_kvcache(**kw)
 
 
+def test_auto_swapab_max_rows_follows_env(monkeypatch):
+    """_C.auto_swapab_max_rows() reads FLASHMLA_SWAPAB_MAX_ROWS at each call: unset or 16 -> 16,
+    32 -> 32 (the opt-in 32-row swap-AB kernel), anything else -> -1 (the launcher rejects it)."""
+    c = flashmla.api._C
+    if c is None:
+        pytest.skip("flashmla._C not built")
+    for env, want in ((None, 16), ("16", 16), ("32", 32), ("24", -1), ("320", -1), ("", 16)):
+        if env is None:
+            monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
+        else:
+            monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
+        assert c.auto_swapab_max_rows() == want, env
+
+
 def test_metadata_bad_input():
     with pytest.raises(ValueError, match="cache_seqlens"):
         flashmla.get_mla_metadata(torch.zeros(3, dtype=torch.int64), 16, 1)

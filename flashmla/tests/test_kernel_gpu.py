@@ -99,7 +99,8 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
     # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, from the
     # launcher's row thresholds on (_C.auto_wgmma_min_rows: 1 for a BF16 cache, 64 for FP8); the
-    # swap-AB kernel for an FP8 cache of at most _C.auto_swapab_max_rows (16) rows, under auto or swapab
+    # swap-AB kernel for an FP8 cache of at most _C.auto_swapab_max_rows rows (16; 32 under
+    # FLASHMLA_SWAPAB_MAX_ROWS=32, which the binding reads at each call), under auto or swapab
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
     auto_rows = flashmla.api._C.auto_wgmma_min_rows(fp8)
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
@@ -438,8 +439,19 @@ def test_p_rounding_threshold(kernel_name, monkeypatch):
     assert torch.equal(torch.isinf(lse2), torch.isinf(rl))
 
 
-# ---- the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab, s_q * h_q <= 16)
-SWAPAB_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3)]))
+# ---- the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab, s_q * h_q <= 16, or
+# <= 32 under FLASHMLA_SWAPAB_MAX_ROWS=32: 17..32 rows run its NR = 32 instantiation)
+SWAPAB_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3),
+                                                                   (32, 1), (16, 2), (17, 1), (9, 3)]))
+
+
+def swapab_rows_env(monkeypatch, rows):
+    """FLASHMLA_SWAPAB_MAX_ROWS=32 for more than 16 query rows (the opt-in NR = 32 kernel), else unset."""
+    if rows > 16:
+        monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", "32")
+    else:
+        monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
+    assert flashmla.api._C.auto_swapab_max_rows() == (32 if rows > 16 else 16)
 
 
 def poison_fp8_tails(k8, bt, sl):
@@ -457,6 +469,7 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
     need_kernel()
     h_q, s_q = hs
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    swapab_rows_env(monkeypatch, h_q * s_q)
     seed = hash((batch, seqlen, h_q, s_q, "swapab")) % 10000
     rng = random.Random(seed)
     lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
@@ -468,12 +481,13 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
     check(out, lse, ro, rl)
 
 
-@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1)])
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (32, 1), (16, 2), (11, 3), (8, 4)])
 def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
     """Swap-AB against the default kernel on one quantised cache: both sides of the exact-P
     threshold (1024 keys), page-aligned and 1/63-token tails (0xFF past them), a zero-length request
-    (out 0, lse +inf) and a long request split over several parts."""
+    (out 0, lse +inf) and a long request split over several parts (17..32 rows: NR = 32, opt-in)."""
     need_kernel()
+    swapab_rows_env(monkeypatch, h_q * s_q)
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=17 * h_q + s_q)
     k8 = flashmla.quantize_kvcache(kc)
@@ -491,14 +505,26 @@ def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
 
 
 def test_fp8_swapab_falls_back(monkeypatch):
-    """FLASHMLA_KERNEL=swapab with more than 16 query rows, or with a BF16 cache, runs the default
-    kernel (run() asserts which ran) and meets the tolerances."""
+    """FLASHMLA_KERNEL=swapab with more than 16 query rows (more than 32 under
+    FLASHMLA_SWAPAB_MAX_ROWS=32), or with a BF16 cache, runs the default kernel (run() asserts which
+    ran) and meets the tolerances; a FLASHMLA_SWAPAB_MAX_ROWS other than 16 or 32 is an error."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
     lens = [300, 0, 65]
-    q, kc, bt, sl = make_inputs(len(lens), lens, 32, 1, device=DEV, seed=2)
-    k8 = flashmla.quantize_kvcache(kc)
-    check(*run(q, k8, bt, sl, fp8=True), *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512))
+    for h_q, s_q, env in ((32, 1, None), (33, 1, "32"), (16, 3, "32")):
+        if env:
+            monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
+        q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=2 + h_q)
+        k8 = flashmla.quantize_kvcache(kc)
+        check(*run(q, k8, bt, sl, s_q > 1, fp8=True),
+              *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1))
+        assert flashmla.api._C.last_kernel() == "default"
+    monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", "24")
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    with pytest.raises(RuntimeError, match="FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32"):
+        flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, causal=True, is_fp8_kvcache=True)
+    monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS")
     q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=3)
     check(*run(q, kc, bt, sl), *flashmla.mla_decode_ref(q, kc, bt, sl, 512))
 
@@ -521,12 +547,14 @@ def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def test_fp8_swapab_cuda_graph_replay(monkeypatch):
+@pytest.mark.parametrize("h_q,s_q", [(8, 2), (16, 2)])
+def test_fp8_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
     """The swap-AB path captured in a CUDA graph and replayed with new lengths (0, tails inside a
-    page), each replay checked against the reference on the dequantised cache."""
+    page), each replay checked against the reference on the dequantised cache (32 rows: NR = 32)."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    batch, h_q, s_q, cap = 6, 8, 2, 4160
+    swapab_rows_env(monkeypatch, h_q * s_q)
+    batch, cap = 6, 4160
     q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=13)
     k8 = flashmla.quantize_kvcache(kc)
     static_sl = sl.clone()
@@ -541,6 +569,28 @@ def test_fp8_swapab_cuda_graph_replay(monkeypatch):
     check_replays(graph, g_out, g_lse, static_sl, cap,
                   lambda: flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512, causal=True),
                   page_tails=True)
+
+
+@pytest.mark.parametrize("h_q,s_q", [(32, 1), (16, 2), (24, 1), (16, 1)])
+def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, monkeypatch):
+    """Auto with an FP8 cache: 17..32 rows run swap-AB only under FLASHMLA_SWAPAB_MAX_ROWS=32
+    (default unchanged: run() asserts which kernel ran from _C.auto_swapab_max_rows); <= 16 rows run
+    it either way; both settings meet the tolerances."""
+    need_kernel()
+    monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
+    lens = [2000, 0, 63, 129, 9000]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=31 + h_q * s_q)
+    k8 = flashmla.quantize_kvcache(kc)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    ran = []
+    for env in (None, "32"):
+        if env:
+            monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
+        else:
+            monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
+        check(*run(q, k8, bt, sl, s_q > 1, fp8=True), ro, rl)
+        ran.append(flashmla.api._C.last_kernel())
+    assert ran == (["default", "swapab"] if h_q * s_q > 16 else ["swapab", "swapab"])
 
 
 def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):

@@ -4,17 +4,19 @@ layout: one request of a few pages replayed through the kernel's maps, in float6
   - the dequantiser's thread -> (token, 16-byte unit) map per 16-token chunk, its swizzled stores
     (coverage exactly once, each quarter warp's 16-byte store on 8 distinct units: no bank conflict),
     the RoPE copy, zero rows past the length (the cache holds 0xFF = NaN there);
-  - Q through the 64 x 16 TMA box (128B swizzle) into 9 slabs of 2 KiB;
-  - S^T = K Q^T read through the wgmma descriptors (A K-major 64 rows, B K-major 16 rows);
-  - the m64n16 accumulator fragment (thread, index) -> (M row, N column), the softmax reductions
-    (lanes xor 4/8/16, then 4 warps through sMax), online max/sum in the exp2 domain;
+  for NR = 16 and NR = 32 query-row instantiations (wgmma N of S^T and O^T):
+  - Q through the 64 x NR TMA box (128B swizzle) into 9 slabs of NR x 128 bytes;
+  - S^T = K Q^T read through the wgmma descriptors (A K-major 64 rows, B K-major NR rows);
+  - the m64nNR accumulator fragment (thread, index) -> (M row, N column), the softmax reductions
+    (lanes xor 4/8/16, then 4 warps through sMax [4][NR]), online max/sum in the exp2 domain;
   - P^T stored per thread at swz128(row, key) and read back as the K-major B operand; V^T as the
     MN-major A operand of 8 m-tiles; hi/lo planes; the epilogue map back to out[row][col];
   and compares out and lse with attention on flashmla.dequantize_kvcache of the cache.
 protocol: randomised interleavings of producer (bulk chunk ring, Q TMA after the first page's
   chunks), two dequantiser groups and four consumer warps (mbarriers with their counts and parities,
   named barriers of the consumer warpgroup, sMax by page parity, sL by request parity, one P^T
-  buffer): no deadlock, every read sees the version it expects from start to end.
+  buffer), for the ring depths of both instantiations (NCH 5 and 3): no deadlock, every read sees
+  the version it expects from start to end.
 `--mutants` breaks one offset, count, wait or buffer at a time and asserts each is caught. ~5 s:
 
     python flashmla/csrc/models/swapab_fp8_model.py [--trials N] [--mutants]
@@ -29,7 +31,8 @@ import torch
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
 from sim import MBar, NBar, simulate
 
-SLAB, TILE, TOKEN, QSLAB, CH = 8192, 9 * 8192, 656, 2048, 16
+SLAB, TILE, TOKEN, CH = 8192, 9 * 8192, 656, 16
+NCH_OF = {16: 5, 32: 3}   # raw ring chunk slots of the NR = 16 / NR = 32 instantiations (SabLayout)
 
 
 def swz(addr): return addr ^ (((addr >> 7) & 7) << 4)
@@ -84,13 +87,13 @@ def dequant_page(raw, valid, mut=None):
     return smem
 
 
-def q_slabs(q16):
-    """TMA of Q rows [16, 576] (box 64 x 16, 128B swizzle) into 9 slabs of QSLAB bytes."""
-    smem = np.full(9 * SLAB // 2, np.nan)        # what lies past the 18 KiB of Q: not Q (NaN here)
+def q_slabs(qn, nr):
+    """TMA of Q rows [nr, 576] (box 64 x nr, 128B swizzle) into 9 slabs of nr * 128 bytes."""
+    smem = np.full(9 * SLAB // 2, np.nan)        # what lies past the 9 nr-row slabs of Q: not Q (NaN here)
     for j in range(9):
-        for r in range(16):
+        for r in range(nr):
             for c in range(64):
-                smem[(j * QSLAB + swz(r * 128 + 2 * c)) // 2] = q16[r, 64 * j + c]
+                smem[(j * nr * 128 + swz(r * 128 + 2 * c)) // 2] = qn[r, 64 * j + c]
     return smem
 
 
@@ -107,76 +110,89 @@ def fetch_mnmajor_a(smem, start):  # [64 (M), 16 (K)] of an MN-major SW128 A ope
 
 
 def frag(t, i):
-    """m64n16 accumulator: thread t (0..127), index i (0..7) -> (M row, N column)."""
+    """m64nN accumulator: thread t (0..127), index i (0..N/2-1) -> (M row, N column)."""
     w4, lane = t >> 5, t & 31
     return w4 * 16 + (lane >> 2) + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane & 3) + (i & 1)
 
 
-def run_request(pages, L, q, qrows, scale, lo, causal, s_q, h_q, mut=None):
-    """pages: list of raw uint8 [64, 656]. Returns out [qrows, 512], lse [qrows] as the kernel does."""
-    qsm = q_slabs(np.vstack([q, np.zeros((16 - qrows, 576))]) if qrows < 16 else q)
-    o = np.zeros((128, 8, 8))
-    mrow, lrow = np.full((128, 4), -np.inf), np.zeros((128, 4))
-    cols = np.array([[frag(t, i)[1] for i in range(8)] for t in range(128)])          # [128, 8]
-    lim = np.array([[min(L, L - s_q + 1 + n // h_q) if causal and n < qrows else L for n in cols[t][[0, 1, 4, 5]]]
+def cross_warp(vals, cols, nr, op, stride):
+    """sMax / sL: lanes gq == 0 store their KC row values at w4 * stride + n, then every thread
+    reduces (op) the 4 warps' entries ww * stride + n of its rows. vals [128, KC] -> [128, KC]."""
+    sm = np.full(4 * max(stride, nr), np.nan)
+    for t in range(0, 128, 4 * 8):
+        for tt in range(t, t + 4):
+            for k, n in enumerate(cols[tt]): sm[(tt >> 5) * stride + n] = vals[tt, k]
+    return np.array([[op([sm[ww * stride + n] for ww in range(4)]) for n in cols[t]] for t in range(128)])
+
+
+def run_request(pages, L, q, qrows, scale, lo, causal, s_q, h_q, mut=None, nr=16):
+    """pages: list of raw uint8 [64, 656]. Returns out [qrows, 512], lse [qrows] as the kernel does
+    (the NR-row instantiation: nr = 16 or 32, qrows <= nr)."""
+    NF, KC, QSLAB = nr // 2, nr // 4, nr * 128
+    stride = 16 if mut == "row_stride_16" else nr                      # sMax / sL: [4 warps][NR rows]
+    qsm = q_slabs(np.vstack([q, np.zeros((nr - qrows, 576))]) if qrows < nr else q, nr)
+    o = np.zeros((128, 8, NF))
+    mrow, lrow = np.full((128, KC), -np.inf), np.zeros((128, KC))
+    cols_all = np.array([[frag(t, i)[1] for i in range(NF)] for t in range(128)])     # [128, NF]
+    cols = cols_all[:, [(k >> 1) * 4 + (k & 1) for k in range(KC)]]                   # [128, KC]: row of column k
+    lim = np.array([[min(L, L - s_q + 1 + n // h_q) if causal and n < qrows else L for n in cols[t]]
                     for t in range(128)])
-    kidx = [0, 1, 0, 1, 2, 3, 2, 3]                                                    # i -> column k
+    kidx = [((i >> 2) << 1) | (i & 1) for i in range(NF)]                              # i -> column k
     for blk, raw in enumerate(pages):
         st = dequant_page(raw, L - blk * 64, mut)
         qoff = SLAB if mut == "q_slab_stride" else QSLAB
         sT = sum(fetch_kmajor(st, (kk >> 2) * SLAB + (kk & 3) * 32, 64)
-                 @ fetch_kmajor(qsm, (kk >> 2) * qoff + (kk & 3) * 32, 16).T for kk in range(36))  # [64, 16]
-        sacc = np.array([[sT[frag(t, i)] for i in range(8)] for t in range(128)])
-        keys = np.array([[blk * 64 + frag(t, i)[0] for i in range(8)] for t in range(128)])
+                 @ fetch_kmajor(qsm, (kk >> 2) * qoff + (kk & 3) * 32, nr).T for kk in range(36))  # [64, nr]
+        sacc = np.array([[sT[frag(t, i)] for i in range(NF)] for t in range(128)])
+        keys = np.array([[blk * 64 + frag(t, i)[0] for i in range(NF)] for t in range(128)])
         lim8 = lim[:, kidx]
         with np.errstate(invalid="ignore"):
             sacc = np.where(keys < lim8, sacc * scale * math.log2(math.e), -np.inf)
-        mx = np.full((128, 4), -np.inf)
-        for i in range(8): mx[:, kidx[i]] = np.maximum(mx[:, kidx[i]], sacc[:, i])
+        mx = np.full((128, KC), -np.inf)
+        for i in range(NF): mx[:, kidx[i]] = np.maximum(mx[:, kidx[i]], sacc[:, i])
         for x in (4, 8, 16):                                   # shfl_xor over gq
             mx = np.maximum(mx, mx[np.arange(128) ^ x])
         if mut != "no_cross_warp_max":                        # sMax: max over the 4 warps' values
-            w = mx.reshape(4, 32, 4)
-            mx = np.broadcast_to(w.max(axis=0), (4, 32, 4)).reshape(128, 4)
+            mx = cross_warp(mx, cols, nr, max, stride)
         mn = np.maximum(mrow, mx)
         muse = np.where(mn == -np.inf, 0.0, mn)
         al = np.exp2(mrow - muse)
         mrow, lrow = mn, lrow * al
         p = np.exp2(sacc - muse[:, kidx])
-        for i in range(8): lrow[:, kidx[i]] += p[:, i]
+        for i in range(NF): lrow[:, kidx[i]] += p[:, i]
         phi, plo = np.full(QSLAB // 2, np.nan), np.full(QSLAB // 2, np.nan)
         hi = bf16(p)
         for t in range(128):
-            for i in range(8):
+            for i in range(NF):
                 mrow_key, n = frag(t, i)
                 key = mrow_key if mut != "pt_key_swapped" else (mrow_key & ~8) | ((i & 1) << 3)
                 phi[swz128(n, key) // 2] = hi[t, i]
                 plo[swz128(n, key) // 2] = bf16(p[t, i] - hi[t, i])
         o *= al[:, kidx][:, None, :]
         for mt in range(8):
-            acc = np.zeros((64, 16))
+            acc = np.zeros((64, nr))
             for ks in range(4):
                 vt = fetch_mnmajor_a(st, mt * SLAB + ks * 2048)
-                acc += vt @ fetch_kmajor(phi, ks * 32, 16).T
-                if lo: acc += vt @ fetch_kmajor(plo, ks * 32, 16).T
-            o[:, mt, :] += np.array([[acc[frag(t, i)] for i in range(8)] for t in range(128)])
+                acc += vt @ fetch_kmajor(phi, ks * 32, nr).T
+                if lo: acc += vt @ fetch_kmajor(plo, ks * 32, nr).T
+            o[:, mt, :] += np.array([[acc[frag(t, i)] for i in range(NF)] for t in range(128)])
     for x in (4, 8, 16):
         lrow = lrow + lrow[np.arange(128) ^ x]
-    lsum = lrow.reshape(4, 32, 4).sum(axis=0)                 # sL over the 4 warps
+    lsum = cross_warp(lrow, cols, nr, sum, stride)            # sL over the 4 warps
     out, lse = np.full((qrows, 512), np.nan), np.full(qrows, np.nan)
     for t in range(128):
-        for i in range(8):
+        for i in range(NF):
             r, n = frag(t, i)
             k = kidx[i]
             if n >= qrows: continue
-            l = lsum[t & 31, k]
+            l = lsum[t, k]
             for mt in range(8):
                 out[n, mt * 64 + r] = o[t, mt, i] * (1 / l if l > 0 else 0)
             lse[n] = (mrow[t, k] + math.log2(l)) * math.log(2) if l > 0 else math.inf
     return out, lse
 
 
-def check_layout(seed, L, qrows, lo, causal, mut=None):
+def check_layout(seed, L, qrows, lo, causal, nr=16, mut=None):
     g = torch.Generator().manual_seed(seed)
     npg = (L + 63) // 64
     k = torch.randn(npg * 64, 576, generator=g) * torch.exp(0.5 * torch.randn(npg * 64, 1, generator=g))
@@ -193,23 +209,22 @@ def check_layout(seed, L, qrows, lo, causal, mut=None):
             s[n, L - s_q + 1 + n // h_q:] = -np.inf
     ref_lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
     ref = np.exp(s - s.max(1, keepdims=True)) / np.exp(s - s.max(1, keepdims=True)).sum(1, keepdims=True) @ kv.numpy()[:, :512]
-    out, lse = run_request([raw[64 * b:64 * b + 64] for b in range(npg)], L, q, qrows, scale, lo, causal, s_q, h_q, mut)
+    out, lse = run_request([raw[64 * b:64 * b + 64] for b in range(npg)], L, q, qrows, scale, lo, causal, s_q, h_q, mut, nr)
     atol = 3e-5 if lo else 4e-3
     assert np.all(np.isfinite(out)), "non-finite output"
     assert np.allclose(out, ref, atol=atol, rtol=1e-5 if lo else 2e-2), f"out differs: max {np.abs(out - ref).max():.2e}"
     assert np.allclose(lse, ref_lse, atol=1e-9, rtol=1e-9), "lse differs"
 
 
-LAYOUT_CASES = ((0, 150, 16, True, False), (1, 64, 3, False, False), (2, 70, 8, True, True), (3, 1, 1, True, False))
+LAYOUT_CASES = ((0, 150, 16, True, False, 16), (1, 64, 3, False, False, 16), (2, 70, 8, True, True, 16),
+                (3, 1, 1, True, False, 16), (4, 130, 32, True, True, 32), (5, 64, 20, False, False, 32))
 LAYOUT_MUTANTS = ("no_odd_swap", "no_tail_zero", "scale_index", "rope_no_swizzle", "q_slab_stride", "no_cross_warp_max",
-                  "pt_key_swapped")
+                  "pt_key_swapped", "row_stride_16")
+# row_stride_16: sMax / sL indexed w4 * 16 + n as in the 16-row kernel; wrong for NR = 32 only
 
 
 # ------------------------------------------------------------------------------- protocol
-NCH = 5
-
-
-def run_protocol(reqs, seed, mut=None):
+def run_protocol(reqs, seed, mut=None, NCH=5):
     """reqs: pages per request (0 = nothing in this part). Raises AssertionError on a race/deadlock."""
     rnd = random.Random(seed)
     mb = {**{f"rf{c}": MBar(1) for c in range(NCH)},
@@ -290,12 +305,13 @@ def run_protocol(reqs, seed, mut=None):
 
 
 def check_protocol(trials, mut=None):
+    """Half the trials with the 16-row ring (NCH 5), half with the 32-row one (NCH 3)."""
     n = 0
     for trial in range(trials):
         rng = random.Random(trial)
         reqs = [rng.choice([0, 0, 1, 1, 2, 3, 4]) for _ in range(rng.randint(1, 6))]
         for sch in range(4):
-            run_protocol(reqs, trial * 100 + sch, mut); n += 1
+            run_protocol(reqs, trial * 100 + sch, mut, NCH_OF[16 if trial % 2 == 0 else 32]); n += 1
     return n
 
 
@@ -320,11 +336,11 @@ if __name__ == "__main__":
     trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 300
     for case in LAYOUT_CASES:
         check_layout(*case)
-    print("swapab layout model: dequantised stage, Q slabs, S^T, fragments, softmax reductions, P^T, V^T, "
+    print("swapab layout model (NR 16 and 32): dequantised stage, Q slabs, S^T, fragments, softmax reductions, P^T, V^T, "
           "epilogue == attention on dequantize_kvcache")
     n = check_protocol(trials)
     print("swapab protocol model ok:", n, "random schedules, no deadlock, no race")
     if "--mutants" in sys.argv:
-        expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES[:3]], LAYOUT_MUTANTS)
+        expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES[:3] + LAYOUT_CASES[4:]], LAYOUT_MUTANTS)
         expect_caught(lambda mut: check_protocol(trials, mut), PROTOCOL_MUTANTS)
         print("all", len(LAYOUT_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
