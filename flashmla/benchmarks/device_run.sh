@@ -17,6 +17,13 @@ set -uo pipefail
 START=$(date +%s); left() { echo $(( 570 - ($(date +%s) - START) )); }   # seconds left of the call
 cap() { local t; t=$(left); [ "$t" -gt "$1" ] && t=$1; [ "$t" -lt 5 ] && t=5; echo "$t"; }   # min(left, $1), >= 5
 OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
+# smoke LOG KEXPR: the GPU tests of test_kernel_gpu.py matching KEXPR, 60 s at most, into OUT/LOG.log;
+# fails (status 1) on a hang or a crash, so that the caller can drop that kernel from the later steps
+smoke() {
+  timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider -k "$2" >"$OUT/$1.log" 2>&1
+  local rc=$?; echo "$1: rc=$rc ($(tail -1 "$OUT/$1.log"))"; grep -E "^(FAILED|E  )" "$OUT/$1.log" | head -8
+  ! { [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/$1.log"; }
+}
 # the device tool returns at most 8 files: the step lines also go to steps.log, and the build, wheel,
 # smoke, test and FlashInfer logs leave packed in logs.tgz (tar xzf logs.tgz)
 exec > >(tee -a "$OUT/steps.log") 2>&1
@@ -43,17 +50,12 @@ if [ "${2:-}" = ab ]; then
   # main kernel), FLASHMLA_COMBINE_V=2 (the combine's loads in parallel) and FLASHMLA_SPLIT_OVH=c
   # (scheduler charging c pages per segment), after smoke tests
   # and the GPU tests. A hang or crash of the PDL smoke drops the PDL variants and tests.
-  timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-    -k "test_wgmma_matches_default_kernel or (test_split_overhead_scheduler_decodes and lens0)" >"$OUT/smoke.log" 2>&1
-  echo "wgmma + scheduler smoke: rc=$? ($(tail -1 "$OUT/smoke.log"))"
-  timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-    -k "test_pdl_and_combine_v2_are_bit_identical" >"$OUT/smoke_pdl.log" 2>&1
-  rc=$?; echo "pdl smoke: rc=$rc ($(tail -1 "$OUT/smoke_pdl.log"))"
-  grep -E "^(FAILED|E  )" "$OUT/smoke_pdl.log" | head -8
+  smoke smoke "test_wgmma_matches_default_kernel or (test_split_overhead_scheduler_decodes and lens0)"
+  smoke smoke_pdl "test_pdl_and_combine_v2_are_bit_identical"; pdl_ok=$?
   V="auto+FLASHMLA_PDL=0,auto+FLASHMLA_PDL=1,auto+FLASHMLA_PDL=2,auto+FLASHMLA_COMBINE_V=2,auto+FLASHMLA_SPLIT_OVH=2"
   V="$V,auto+FLASHMLA_SPLIT_OVH=5,auto+FLASHMLA_PDL=2+FLASHMLA_COMBINE_V=2+FLASHMLA_SPLIT_OVH=2"
   SEL=()
-  if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_pdl.log"; then
+  if [ $pdl_ok -ne 0 ]; then
     echo "PDL hangs or crashes: dropped from the tests and the A/B"
     V="auto+FLASHMLA_PDL=0,auto+FLASHMLA_COMBINE_V=2,auto+FLASHMLA_SPLIT_OVH=2,auto+FLASHMLA_SPLIT_OVH=5"
     SEL=(-k "not pdl and not fixedcost and not split_overhead_scheduler")
@@ -65,11 +67,7 @@ if [ "${2:-}" = ab ]; then
   # FP8 cache at 17..32 rows: the swap-AB kernel's opt-in NR = 32 instantiation
   # (FLASHMLA_SWAPAB_MAX_ROWS=32) beside the default (mma.sync FP8 path, auto's choice at h_q 32 today)
   # and the BF16 cache, h_q 16 / 24 / 32, s_q = 1; after a smoke test of NR = 32 (hang/crash: skipped)
-  timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-    -k "test_fp8_swapab_matches_default_kernel and (32-1 or 16-2)" >"$OUT/smoke_swapab32.log" 2>&1
-  rc=$?; echo "swapab NR=32 smoke: rc=$rc ($(tail -1 "$OUT/smoke_swapab32.log"))"
-  grep -E "^(FAILED|E  )" "$OUT/smoke_swapab32.log" | head -8
-  if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_swapab32.log"; then
+  if ! smoke smoke_swapab32 "test_fp8_swapab_matches_default_kernel and (32-1 or 16-2)"; then
     echo "swapab NR=32 hangs or crashes: FP8 A/B skipped"
   else
     timeout "$(cap 150)" "$PY" flashmla/benchmarks/bench_decode.py --no-peers --fp8 --fp8-only --kernels auto \
@@ -82,27 +80,16 @@ if [ "${2:-}" = ab ]; then
   exit 0
 fi
 KERNELS=auto,default; FP8_KERNELS=default,wgmma,swapab; EXCL=()
-timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-  -k "(test_wgmma_matches_default_kernel and not fp8) or (test_odd_heads and wgmma)" >"$OUT/smoke.log" 2>&1
-rc=$?; echo "wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke.log"))"
-if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke.log"; then
+if ! smoke smoke "(test_wgmma_matches_default_kernel and not fp8) or (test_odd_heads and wgmma)"; then
   echo "wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; KERNELS=default; EXCL+=("wgmma")
 fi
 # the FP8 wgmma variant (mla_decode_wgmma_fp8.cu, first run ever): same treatment, on its own
-timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-  -k "test_fp8_wgmma_matches_default_kernel or (test_fp8_kvcache and wgmma and 7-65)" >"$OUT/smoke_fp8.log" 2>&1
-rc=$?; echo "fp8 wgmma smoke: rc=$rc ($(tail -1 "$OUT/smoke_fp8.log"))"
-grep -E "^(FAILED|E  )" "$OUT/smoke_fp8.log" | head -8
-if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_fp8.log"; then
+if ! smoke smoke_fp8 "test_fp8_wgmma_matches_default_kernel or (test_fp8_kvcache and wgmma and 7-65)"; then
   echo "fp8 wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; FP8_KERNELS=${FP8_KERNELS/wgmma,/}
   EXCL+=("(fp8 and wgmma)")
 fi
 # 2c. the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, <= 16 query rows, auto for the FP8 cache): same treatment
-timeout 60 "$PY" -m pytest flashmla/tests/test_kernel_gpu.py -q -p no:cacheprovider \
-  -k "test_fp8_swapab_matches_default_kernel or (test_fp8_swapab_sweep and 7-65)" >"$OUT/smoke_swapab.log" 2>&1
-rc=$?; echo "fp8 swapab smoke: rc=$rc ($(tail -1 "$OUT/smoke_swapab.log"))"
-grep -E "^(FAILED|E  )" "$OUT/smoke_swapab.log" | head -8
-if [ $rc -eq 124 ] || [ $rc -ge 128 ] || grep -qiE "illegal|misaligned|CUDA error|launch failure" "$OUT/smoke_swapab.log"; then
+if ! smoke smoke_swapab "test_fp8_swapab_matches_default_kernel or (test_fp8_swapab_sweep and 7-65)"; then
   echo "fp8 swapab kernel hangs or crashes: dropped from the tests and the benchmark"
   FP8_KERNELS=${FP8_KERNELS%,swapab}; EXCL+=("swapab")
 fi
