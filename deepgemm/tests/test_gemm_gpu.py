@@ -70,16 +70,24 @@ def _check_fp8_with_c(m, n, k, x_seed, y_seed):
     _check(d, r)
 
 
+def _check_bf16_out(x, y, d=None):
+    """FP8 dense GEMM of x, y (cast per token / per block) into d (default: poisoned BF16) against the
+    reference and the unquantised product; returns the FP8 operands and the reference."""
+    m, n = x.shape[0], y.shape[0]
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((m, n), torch.bfloat16, DEV) if d is None else d
+    dg.fp8_gemm_nt(a, b, d)
+    r = torch.empty(m, n, device=DEV)
+    ref.ref_gemm_nt(*a, *b, r)
+    _check(d, r, x.float() @ y.float().t())
+    return a, b, r
+
+
 def _check_dense_outputs(x, y):
     """FP8 dense GEMM of x, y into poisoned BF16, FP32 (+ C) and FP8 outputs, against the reference
     (FP8 output saturates at the e4m3 range)."""
     m, n = x.shape[0], y.shape[0]
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    r = torch.empty(m, n, device=DEV)
-    ref.ref_gemm_nt(*a, *b, r)
-    d = poisoned((m, n), torch.bfloat16, DEV)
-    dg.fp8_gemm_nt(a, b, d)
-    _check(d, r, x.float() @ y.float().t())
+    a, b, r = _check_bf16_out(x, y)
     c = torch.randn(m, n, device=DEV)
     d32 = poisoned((m, n), torch.float32, DEV)
     dg.fp8_gemm_nt(a, b, d32, c=c)
@@ -110,13 +118,7 @@ def _check_masked_8x64(seed):
 @pytest.mark.parametrize("m", [1, 64, 128, 4096, 37, 1000])
 def test_fp8_gemm_nt(m, nk):
     n, k = nk
-    x, y = _rand((m, k), m * 7 + n), _rand((n, k), k)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    d = poisoned((m, n), torch.bfloat16, DEV)
-    dg.fp8_gemm_nt(a, b, d)
-    r = torch.empty(m, n, device=DEV)
-    ref.ref_gemm_nt(*a, *b, r)
-    _check(d, r, x.float() @ y.float().t())
+    _check_bf16_out(_rand((m, k), m * 7 + n), _rand((n, k), k))
 
 
 @pytest.mark.parametrize("out", [torch.float32, torch.float8_e4m3fn])
@@ -406,12 +408,7 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
         # that one spills and falls back to the same tile with A from shared memory
         spills = mode == "2" and epi == "staged" and (n, k) == (24576, 1536)
         assert built == (replace(cfg, rs=0) if spills else cfg), built
-        x, y = _rand((m, k), n + 1), _rand((n, k), k + 2)
-        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-        dg.fp8_gemm_nt(a, b, d)
-        r = torch.empty(m, n, device=DEV)
-        ref.ref_gemm_nt(*a, *b, r)
-        _check(d, r, x.float() @ y.float().t())
+        _check_bf16_out(_rand((m, k), n + 1), _rand((n, k), k + 2), d)
     monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x256")
     for m, n, k in [(1000, 2112, 7168), (129, 4104, 1536), (300, 384, 256), (200, 256, 128)]:
         assert kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1).bn == 256
@@ -458,13 +455,7 @@ def test_tma_store_epilogue(bn256, monkeypatch):
     for n, k in NK[1:]:
         m = 4096
         assert kernels.make_config("dense", True, db, None, n, k, m, 1).tstore == 1
-        x, y = _rand((m, k), n + 31), _rand((n, k), k + 32)
-        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-        d = poisoned((m, n), torch.bfloat16, DEV)
-        dg.fp8_gemm_nt(a, b, d)
-        r = torch.empty(m, n, device=DEV)
-        ref.ref_gemm_nt(*a, *b, r)
-        _check(d, r, x.float() @ y.float().t())
+        _check_bf16_out(_rand((m, k), n + 31), _rand((n, k), k + 32))
     for blocks, (m, n, k) in [("128x128", (1000, 4104, 1536)), ("128x64", (129, 2112, 7168)),
                               ("128x256", (300, 384, 256)), ("64x128", (64, 7168, 2048)), ("64x64", (37, 200, 128))]:
         monkeypatch.setenv("DEEPGEMM_BLOCKS", blocks)

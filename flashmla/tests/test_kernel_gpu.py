@@ -42,6 +42,22 @@ def kernel(request, monkeypatch):
     return request.param
 
 
+def run_kernels(monkeypatch, kernels, q, kv, bt, sl, s_q, fp8=False, ref=None):
+    """Run under each FLASHMLA_KERNEL value of `kernels` (each checked against ref = (out, lse) when given);
+    the first two agree with each other: same inf pattern, outputs within the sum of their tolerances.
+    Returns {kernel: (out, lse)}."""
+    res = {}
+    for k in kernels:
+        monkeypatch.setenv("FLASHMLA_KERNEL", k)
+        res[k] = run(q, kv, bt, sl, causal=s_q > 1, fp8=fp8)
+        if ref is not None:
+            check(*res[k], *ref)
+    (o1, l1), (o2, l2) = res[kernels[0]], res[kernels[1]]
+    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
+    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+    return res
+
+
 def need_kernel():
     if not flashmla.cuda_available():
         pytest.skip("flashmla was built without the CUDA kernels")
@@ -346,13 +362,8 @@ def test_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     need_kernel()
     lens = [4097, 0, 64, 1, 2000, 65, 8191, 130]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q + s_q)
-    res = {}
-    for k in KERNELS:
-        monkeypatch.setenv("FLASHMLA_KERNEL", k)
-        res[k] = run(q, kc, bt, sl, causal=s_q > 1)
-    (o1, l1), (o2, l2) = res["default"], res["wgmma"]
-    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
-    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+    res = run_kernels(monkeypatch, KERNELS, q, kc, bt, sl, s_q)
+    l1, l2 = res["default"][1], res["wgmma"][1]
     fin = torch.isfinite(l1)
     assert ((l1[fin] - l2[fin]).abs() / l1[fin].abs().clamp_min(1.0)).max() < 2e-5
 
@@ -368,15 +379,8 @@ def test_fp8_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=31 * h_q + s_q)
     k8 = flashmla.quantize_kvcache(kc)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
-    res = {}
-    for k in KERNELS:
-        monkeypatch.setenv("FLASHMLA_KERNEL", k)
-        res[k] = run(q, k8, bt, sl, causal=s_q > 1, fp8=True)
-        check(*res[k], ro, rl)
-    (o1, l1), (o2, l2) = res["default"], res["wgmma"]
-    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
-    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+    ref = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    run_kernels(monkeypatch, KERNELS, q, k8, bt, sl, s_q, fp8=True, ref=ref)
 
 
 def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
@@ -492,15 +496,8 @@ def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=17 * h_q + s_q)
     k8 = flashmla.quantize_kvcache(kc)
     poison_fp8_tails(k8, bt, sl)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
-    res = {}
-    for k in ("default", "swapab"):
-        monkeypatch.setenv("FLASHMLA_KERNEL", k)
-        res[k] = run(q, k8, bt, sl, causal=s_q > 1, fp8=True)
-        check(*res[k], ro, rl)
-    (o1, l1), (o2, l2) = res["default"], res["swapab"]
-    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
-    torch.testing.assert_close(o2.float(), o1.float(), atol=1.6e-3, rtol=4e-2)
+    ref = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    o2, l2 = run_kernels(monkeypatch, ("default", "swapab"), q, k8, bt, sl, s_q, fp8=True, ref=ref)["swapab"]
     assert (o2[1] == 0).all() and torch.isposinf(l2[1]).all()
 
 
