@@ -54,16 +54,19 @@ TMA_STORE_DEFAULT = "auto"
 TMA_STORE_MAX_K = 2048
 # Persistent grid no larger than the tile waves need: ceil(tiles / ceil(tiles / SMs)) CTAs (same number of
 # waves, fewer busy SMs: less power, so higher clocks, as DeepGEMM does); DEEPGEMM_MIN_SMS=0|1 overrides.
-# Off by default: not yet measured.
+# Off by default: measured no faster (BENCHMARKS.md run 9).
 MIN_SMS_DEFAULT = "0"
 # Cross-CTA split-K for FP8 dense GEMMs at M <= 128 (one M tile row: without it every CTA streams all of A
 # over the whole K range): S slices of the K blocks per tile, FP32 partials in a cached workspace, the last
-# CTA of a tile sums them in slice order (sm90_gemm.cuh, SPLITK). DEEPGEMM_SPLIT_K=0|auto|<S> overrides
-# (auto: the cost model's tiles and S, off where it predicts no gain). Off by default: compile-checked, not
-# yet measured (BENCHMARKS.md, "Prepared, not yet measured: split-K at M <= 128").
-SPLIT_K_DEFAULT = "0"
+# CTA of a tile sums them in slice order (sm90_gemm.cuh, SPLITK). DEEPGEMM_SPLIT_K=0|auto|<S> overrides.
+# Default auto: the cost model's tiles and S where it predicts at least 1 / SPLIT_K_GAIN; measured on H200
+# (BENCHMARKS.md run 10) +5 to +21 % where it splits, and the unsplit kernel elsewhere.
+SPLIT_K_DEFAULT = "auto"
 SPLIT_K_MAX = 16
-SPLIT_K_GAIN = 0.95  # auto splits only where the model's cost is below this fraction of the unsplit choice's
+# auto splits only where the model's cost is below this fraction of the unsplit choice's. Run 10 (H200, M = 64
+# and 128): splits the model rated 0.83-0.88 won 5-21 %, those rated 0.90-0.94 lost 2-8 % (N = 4096, K = 7168;
+# N = 7168, K = 16384 at M = 64)
+SPLIT_K_GAIN = 0.885
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}

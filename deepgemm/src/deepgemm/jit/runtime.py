@@ -61,7 +61,8 @@ class Kernel:
         if f is None:
             cu = lib()
             with torch.cuda.device(device):
-                torch.cuda.synchronize(device)  # makes torch's primary context current on this thread
+                if not torch.cuda.is_current_stream_capturing():  # (a capturing thread has it current already)
+                    torch.cuda.synchronize(device)  # makes torch's primary context current on this thread
                 mod = ctypes.c_void_p()
                 check(cu.cuModuleLoadData(ctypes.byref(mod), self.cubin), "cuModuleLoadData")
                 f = ctypes.c_void_p()
