@@ -294,19 +294,19 @@ def build(name, rank, P, m, mb, cfg, L, dev, x, y):
     """One schedule on this rank: (step function, its parameters, instrument(Timeline) to time its ops)."""
     import dualpipe
     from torch.distributed import pipelining as pp
-    hook, split = "+hook" in name, "+split" in name
-    base = name.replace("+hook", "").replace("+split", "")
+    hook = name.endswith("+hook")
+    base = name.replace("+hook", "")
     if base in OURS:
         dualpipe.set_p2p_tensor_shapes([(mb, cfg["seq"], cfg["hidden"])])
         dualpipe.set_p2p_tensor_dtype(getattr(torch, cfg["dtype"]))
         if base == "DualPipeV":
             h = L // 2
             mods = (make_stage(rank * h, h, cfg, True, dev, hook), make_stage((2 * P - 1 - rank) * h, h, cfg, True, dev, hook))
-            model = dualpipe.DualPipeV(mods, split_p2p=split)
+            model = dualpipe.DualPipeV(mods)
             inp, lab = ((x,), (y,)) if rank == 0 else ((), ())
         else:
             mods = (make_stage(rank * L, L, cfg, True, dev, hook), make_stage((P - 1 - rank) * L, L, cfg, True, dev, hook))
-            model = dualpipe.DualPipe(mods, split_p2p=split)
+            model = dualpipe.DualPipe(mods)
             xs, ys = x.chunk(2), y.chunk(2)
             inp = (xs[0],) if rank == 0 else ((xs[1],) if rank == P - 1 else ())
             lab = (ys[1],) if rank == 0 else ((ys[0],) if rank == P - 1 else ())
@@ -393,8 +393,6 @@ def worker(rank, P, port, args, out_path):
     names = list(OURS) + [n for n in TORCH if hasattr(pp, n)]
     if args.overlap:
         names += [n + "+hook" for n in OURS]
-    if args.split_p2p:
-        names += [n + "+split" for n in OURS]
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
     results = {"procs": P, "device": args.device, "cfg": cfg, "layers_per_rank": args.layers_per_rank,
@@ -461,7 +459,7 @@ def analyse(run, P):
     else:
         Bfull = mean.get("Bin", float("nan")) + W
     FB = mean.get("FB", F + Bfull)
-    kind = SIM_KIND[run["schedule"].replace("+hook", "").replace("+split", "")]
+    kind = SIM_KIND[run["schedule"].replace("+hook", "")]
     p2p = run["p2p_ms"] / 1e3 if run["p2p_ms"] == run["p2p_ms"] else 0.0
     pred = float("nan")
     if F == F and Bfull == Bfull:
@@ -543,8 +541,6 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--overlap", action="store_true", help="also DualPipe/DualPipeV with the side-stream F&B hook")
-    ap.add_argument("--split-p2p", action="store_true",
-                    help="also DualPipe/DualPipeV with split_p2p=True (a process group per direction and neighbour)")
     ap.add_argument("--only", default="", help="comma list of schedule names to run")
     ap.add_argument("--quick", action="store_true", help="3 steps, 1 warm-up, chunks 4xPP only")
     ap.add_argument("--timeout", type=float, default=500.0, help="seconds per world size")

@@ -57,7 +57,7 @@ if [ "$NGPU" -ge 2 ]; then
   T=$(( $(left) - 15 ))
   say "bench_gpu_step.py --procs $NGPU (timeout ${T}s)"
   timeout "$T" "$PY" dualpipe/benchmarks/bench_gpu_step.py "${BENCH_DEV[@]}" --procs "$NGPU" --micro-batch 1,2 \
-    --chunks-per-rank 4,8 --steps 5 --warmup 2 --overlap --split-p2p --timeout $(( T - 25 )) \
+    --chunks-per-rank 4,8 --steps 5 --warmup 2 --overlap --timeout $(( T - 25 )) \
     --json "$OUT/bench_gpu_step.json" --plot "$OUT/bench_gpu_timeline.png" ${DUALPIPE_BENCH_ARGS:-} > "$OUT/bench_gpu_step.log" 2>&1
   say "bench rc=$?: $(tail -1 "$OUT/bench_gpu_step.log")"
 else

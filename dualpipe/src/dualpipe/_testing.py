@@ -143,7 +143,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, forward_only: bool = False,
                hidden: int = 8, mb: int = 2, seed: int = 0, group=None, rank_mapping=None,
-               trace: bool = False, dtype: str = "float64", split_p2p: bool = False) -> Dict[str, float]:
+               trace: bool = False, dtype: str = "float64") -> Dict[str, float]:
     """Run one step of ``kind`` on the current process group and compare with the oracle.
 
     ``dtype`` ("float64", "float32", "bfloat16"): of the stages, inputs and p2p tensors; the oracle
@@ -172,13 +172,13 @@ def check_case(kind: str, num_chunks: int, overlap: bool, return_outputs: bool, 
     set_p2p_tensor_dtype(dt)
     if kind == "DualPipe":
         local = (copy.deepcopy(stages[r]), copy.deepcopy(stages[P - 1 - r]))
-        model = DualPipe(local, process_group=group, rank_mapping=rank_mapping, split_p2p=split_p2p)
+        model = DualPipe(local, process_group=group, rank_mapping=rank_mapping)
         xs, ys = x.chunk(2), y.chunk(2)
         inp = (xs[0],) if r == 0 else ((xs[1],) if r == P - 1 else ())
         lab = (ys[1],) if r == 0 else ((ys[0],) if r == P - 1 else ())
     else:
         local = (copy.deepcopy(stages[r]), copy.deepcopy(stages[2 * P - 1 - r]))
-        model = DualPipeV(local, process_group=group, rank_mapping=rank_mapping, split_p2p=split_p2p)
+        model = DualPipeV(local, process_group=group, rank_mapping=rank_mapping)
         inp, lab = ((x,), (y,)) if r == 0 else ((), ())
     if trace:
         model.trace = []
@@ -278,10 +278,6 @@ def bad_step(what: str, kind: str = "DualPipeV", group=None) -> None:
         cls((mods[0], "not a module"), process_group=group)
     if what == "odd_ranks":
         DualPipe(mods, process_group=group)
-    if what == "split_p2p_type":
-        cls(mods, process_group=group, split_p2p=1)
-    if what == "split_p2p_subgroup":
-        cls(mods, process_group=group, split_p2p=True)
     model = cls(mods, process_group=group)
     n = 2 * P
     first = r == 0 or (kind == "DualPipe" and r == P - 1)

@@ -51,21 +51,19 @@ def check_tensors(tensors: Sequence[torch.Tensor], what: str) -> None:
                          f"but set_p2p_tensor_shapes/dtype declared {TENSOR_SHAPES} and {TENSOR_DTYPE}")
 
 
-def append_irecv(ops: List[dist.P2POp], src: int, group: dist.ProcessGroup, device: torch.device,
-                 via: Optional[dist.ProcessGroup] = None) -> List[torch.Tensor]:
-    """Append irecvs from group rank ``src`` into fresh buffers; return the buffers. ``via``: the
-    process group that carries them (default ``group``; it must contain both ranks)."""
+def append_irecv(ops: List[dist.P2POp], src: int, group: dist.ProcessGroup, device: torch.device
+                 ) -> List[torch.Tensor]:
+    """Append irecvs from group rank ``src`` into fresh buffers; return the buffers."""
     tensors = build_from_tensor_shapes(device)
     peer = dist.get_global_rank(group, src)
     for t in tensors:
-        ops.append(dist.P2POp(dist.irecv, t, peer, via or group))
+        ops.append(dist.P2POp(dist.irecv, t, peer, group))
     return tensors
 
 
-def append_isend(ops: List[dist.P2POp], tensors: Sequence[torch.Tensor], dst: int, group: dist.ProcessGroup,
-                 via: Optional[dist.ProcessGroup] = None) -> None:
-    """Append isends of ``tensors`` to group rank ``dst`` (carried by ``via``, default ``group``)."""
+def append_isend(ops: List[dist.P2POp], tensors: Sequence[torch.Tensor], dst: int, group: dist.ProcessGroup) -> None:
+    """Append isends of ``tensors`` to group rank ``dst``."""
     peer = dist.get_global_rank(group, dst)
     for t in tensors:
         if t is not None:
-            ops.append(dist.P2POp(dist.isend, t, peer, via or group))
+            ops.append(dist.P2POp(dist.isend, t, peer, group))

@@ -9,7 +9,7 @@ first stage reads the user's inputs, the last stage applies the criterion).
 from __future__ import annotations
 
 import zlib
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -20,8 +20,6 @@ from .schedule import B, COMMIT, F, FB, RECV_B, RECV_F, SEND_B, SEND_F, W, plan
 from .utils import WeightGradStore, gather, run_backward, scatter
 
 Tensors = List[torch.Tensor]
-# split_p2p: {id(default group): {(src, dst): process group}}, shared by the pipelines of a job
-_DIRECTION_GROUPS: Dict[int, Dict[Tuple[int, int], dist.ProcessGroup]] = {}
 
 
 class PipelineBase(nn.Module):
@@ -30,8 +28,7 @@ class PipelineBase(nn.Module):
     KIND = ""
 
     def __init__(self, modules: Tuple[nn.Module, nn.Module], batch_dim: int = 0,
-                 process_group: Optional[dist.ProcessGroup] = None, rank_mapping: Optional[List[int]] = None,
-                 *, split_p2p: bool = False) -> None:
+                 process_group: Optional[dist.ProcessGroup] = None, rank_mapping: Optional[List[int]] = None) -> None:
         super().__init__()
         name = type(self).__name__
         if not isinstance(modules, (tuple, list, nn.ModuleList)) or len(modules) != 2 or \
@@ -85,42 +82,9 @@ class PipelineBase(nn.Module):
             self._local_next.append(nxt % 2 if nxt >= 0 and nxt // 2 == self.rank else None)
             self._src.append(self.rank_inverse_mapping[prv // 2] if prv >= 0 and prv // 2 != self.rank else None)
             self._dst.append(self.rank_inverse_mapping[nxt // 2] if nxt >= 0 and nxt // 2 != self.rank else None)
-        if not isinstance(split_p2p, bool):
-            raise TypeError(f"{name}: split_p2p must be a bool, got {split_p2p!r}")
-        # split_p2p: one process group per direction and neighbour (see _neighbour_groups), so that a
-        # COMMIT waits for its receives only; its sends complete in the background
-        self._p2p_groups = self._neighbour_groups() if split_p2p and self.num_ranks > 1 else None
         self._plans = {}
         self.trace: Optional[List[Tuple[int, ...]]] = None  # set to [] to record executed ops
         self._reset_states()
-
-    def _neighbour_groups(self) -> Dict[Tuple[int, int], dist.ProcessGroup]:
-        """{(src, dst) group ranks: a process group of the two} for every pair of pipeline neighbours,
-        both directions. new_group is collective over the default group, so every process of the job
-        takes part (the pipeline must span it); the groups are made once per default group and reused."""
-        world = dist.distributed_c10d._get_default_group()
-        if self.group is not world and dist.get_process_group_ranks(self.group) != list(range(world.size())):
-            raise ValueError(f"{type(self).__name__}: split_p2p needs the pipeline to span the default process "
-                             f"group in rank order (its groups are created collectively); this one has ranks "
-                             f"{dist.get_process_group_ranks(self.group)} of {world.size()}")
-        cache = _DIRECTION_GROUPS.setdefault(id(world), {})
-        groups = {}
-        me = self.group.rank()
-        for lo in range(self.num_ranks - 1):  # same order on every rank
-            a, b = self.rank_inverse_mapping[lo], self.rank_inverse_mapping[lo + 1]
-            for src, dst in ((a, b), (b, a)):
-                if (src, dst) not in cache:
-                    cache[(src, dst)] = g = dist.new_group(sorted((src, dst)))
-                    # set the pair's communicator up now, in this common order: NCCL does it at a group's
-                    # first operation and blocks the caller meanwhile, so two ranks whose first use of
-                    # two groups came in opposite orders (DualPipe: both ends send first) would wait forever
-                    if me in (src, dst):
-                        dist.all_reduce(torch.zeros(1, device=self._collective_device()), group=g)
-                groups[(src, dst)] = cache[(src, dst)]
-        return groups
-
-    def _p2p_group(self, src: int, dst: int) -> dist.ProcessGroup:
-        return self.group if self._p2p_groups is None else self._p2p_groups[(src, dst)]
 
     # ---- overridden by DualPipe / DualPipeV -------------------------------------------------
     def _check_num_ranks(self) -> None:
@@ -165,8 +129,7 @@ class PipelineBase(nn.Module):
                                     forward_only=self.forward_only)[0]
         for row in self._plans[key]:
             self._execute(row)
-        self._finish_sends()
-        if not WeightGradStore.funcs_queue.empty() or self.comm_ops or self._grad_recvs:
+        if not WeightGradStore.funcs_queue.empty() or self.comm_ops:
             raise RuntimeError(f"{type(self).__name__}: plan left queued weight grads or uncommitted p2p ops")
 
         loss, outputs = None, None
@@ -259,9 +222,6 @@ class PipelineBase(nn.Module):
         self.current_recv_b_chunk_id = [0, 0]
         self.comm_ops: List[dist.P2POp] = []
         self.to_free: List[torch.Tensor] = []
-        self._send_works: list = []  # split_p2p: (works, tensors to free) of sends still in flight
-        self._grad_recvs: list = []  # split_p2p: receives of gradients not yet awaited
-        self._grad_recv_ops: set = set()  # indices in comm_ops of the pending gradient receives
         self._deferred: List[Tuple[int, int]] = []  # (phase, chunk) of queued weight-grad groups
 
     # ---- op dispatch --------------------------------------------------------------------------
@@ -316,9 +276,6 @@ class PipelineBase(nn.Module):
 
     def _pre_backward(self, phase: int):
         """Take what the backward of the next micro-batch of ``phase`` needs: (chunk, loss, outputs, grads)."""
-        for req in self._grad_recvs:  # split_p2p: gradients received for backwards are awaited only here
-            req.wait()
-        self._grad_recvs = []
         chunk_id = self.current_b_chunk_id[phase]
         self.current_b_chunk_id[phase] += 1
         if self._is_last_stage[phase]:
@@ -393,8 +350,7 @@ class PipelineBase(nn.Module):
             raise RuntimeError(f"plan error: RECV_F on phase {phase} of pipeline rank {self.rank}")
         chunk_id = self.current_recv_f_chunk_id[phase]
         self.current_recv_f_chunk_id[phase] += 1
-        self.input_chunks[phase].append(comm.append_irecv(self.comm_ops, src, self.group, self.device,
-                                                          self._p2p_group(src, self.group.rank())))
+        self.input_chunks[phase].append(comm.append_irecv(self.comm_ops, src, self.group, self.device))
         return (RECV_F, 0, phase, chunk_id, -1, -1)
 
     def _send_forward(self, phase: int):
@@ -405,7 +361,7 @@ class PipelineBase(nn.Module):
         self.current_send_f_chunk_id[phase] += 1
         tensors = self.output_chunks[phase][chunk_id]
         comm.check_tensors(tensors, f"{type(self).__name__}: outputs of stage (rank {self.rank}, phase {phase})")
-        comm.append_isend(self.comm_ops, tensors, dst, self.group, self._p2p_group(self.group.rank(), dst))
+        comm.append_isend(self.comm_ops, tensors, dst, self.group)
         if not self.return_outputs:
             self.to_free.extend(tensors)
         return (SEND_F, 0, phase, chunk_id, -1, -1)
@@ -416,10 +372,7 @@ class PipelineBase(nn.Module):
             raise RuntimeError(f"plan error: RECV_B on phase {phase} of pipeline rank {self.rank}")
         chunk_id = self.current_recv_b_chunk_id[phase]
         self.current_recv_b_chunk_id[phase] += 1
-        first = len(self.comm_ops)
-        self.output_grad_chunks[phase].append(comm.append_irecv(self.comm_ops, dst, self.group, self.device,
-                                                                self._p2p_group(dst, self.group.rank())))
-        self._grad_recv_ops.update(range(first, len(self.comm_ops)))
+        self.output_grad_chunks[phase].append(comm.append_irecv(self.comm_ops, dst, self.group, self.device))
         return (RECV_B, 0, phase, chunk_id, -1, -1)
 
     def _send_backward(self, phase: int):
@@ -434,64 +387,26 @@ class PipelineBase(nn.Module):
         inputs_like = comm.TENSOR_SHAPES
         grads = [g if g is not None else torch.zeros(s, dtype=comm.TENSOR_DTYPE, device=self.device)
                  for g, s in zip(grads, inputs_like)]
-        comm.append_isend(self.comm_ops, grads, src, self.group, self._p2p_group(self.group.rank(), src))
+        comm.append_isend(self.comm_ops, grads, src, self.group)
         return (SEND_B, 0, phase, chunk_id, -1, -1)
 
     def _commit_and_wait_comm(self):
         if not self.comm_ops:
             raise RuntimeError("plan error: COMMIT with nothing pending")
-        if self._p2p_groups is None:
-            for req in dist.batch_isend_irecv(self.comm_ops):
-                req.wait()
-            self._free_tensors(self.to_free)
-            self.to_free = []
-        else:
-            # sends: one batch per (direction, neighbour) group, posts in plan order; nothing waits for
-            # them: what they carry is freed once they are seen complete (or at the end of the step)
-            self._finish_sends(block=False)
-            sends: Dict[int, List[dist.P2POp]] = {}
-            for op in self.comm_ops:
-                if op.op is dist.isend:
-                    sends.setdefault(id(op.group), []).append(op)
-            to_free = {id(t) for t in self.to_free}
-            for ops in sends.values():
-                works = dist.batch_isend_irecv(ops)
-                self._send_works.append((works, [op.tensor for op in ops if id(op.tensor) in to_free]))
-            # receives one by one in posting order (the order the peer sends in): activations are awaited
-            # now, gradients only when a backward starts (_pre_backward), so in an F&B the forward runs
-            # while the backward's gradient still arrives
-            recv_works = []
-            for i, op in enumerate(self.comm_ops):
-                if op.op is dist.irecv:
-                    works = dist.batch_isend_irecv([op])
-                    (self._grad_recvs if i in self._grad_recv_ops else recv_works).extend(works)
-            for req in recv_works:
-                req.wait()
-            self.to_free = []
+        for req in dist.batch_isend_irecv(self.comm_ops):
+            req.wait()
         self.comm_ops = []
-        self._grad_recv_ops = set()
+        self._free_tensors()
         return (COMMIT, 0, -1, -1, -1, -1)
 
-    def _finish_sends(self, block: bool = True) -> None:
-        """split_p2p: free the tensors of completed sends (block: wait for all of them first)."""
-        pending = []
-        for works, sent in self._send_works:
-            if block:
-                for req in works:
-                    req.wait()
-            elif not all(req.is_completed() for req in works):
-                pending.append((works, sent))
-                continue
-            self._free_tensors(sent)
-        self._send_works = pending
-
-    def _free_tensors(self, tensors: List[torch.Tensor]) -> None:
+    def _free_tensors(self) -> None:
         # sent activations are only needed for their autograd graph: release their storage
-        for t in tensors:
+        for t in self.to_free:
             if t._base is not None:
                 raise ValueError(f"{type(self).__name__}: a pipeline stage returned a view tensor "
                                  f"(shape {tuple(t.shape)}); return a fresh tensor, e.g. x.clone()")
             t.data = torch.Tensor()
+        self.to_free = []
 
 
 def _describe(x) -> str:
