@@ -117,6 +117,7 @@ def main():
     if not fp8_kernels or any(parse_variant(k) is None for k in fp8_kernels):
         ap.error(f"--fp8-kernels: expected a comma-separated subset of auto,default,wgmma,swapab, got {args.fp8_kernels!r}")
     use_variant(kernels[0])
+    split_ovh = flashmla.api.split_overhead_setting()   # scheduler of the first variant (fixed_cost_fit.py)
     labels = [k if len(k) <= 8 else f"var{i}" for i, k in enumerate(kernels)]
     for k, lab in zip(kernels, labels):
         if lab != k:
@@ -145,7 +146,7 @@ def main():
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(dict(device=torch.cuda.get_device_name(), flashinfer=have_fi, kernels=kernels,
-                               fp8_kernels=fp8_kernels, rows=rows), f, indent=1)
+                               fp8_kernels=fp8_kernels, split_ovh=split_ovh, rows=rows), f, indent=1)
     try:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from triton_mla import triton_mla_decode

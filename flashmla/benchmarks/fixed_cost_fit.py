@@ -3,10 +3,13 @@
 For every memory-bound row (s_q * h_q <= 64) of a bench JSON it recomputes the scheduler's parts for the
 shape (the bench's own seqlens: uniform, or ragged from its seeded generator) and fits, per row count,
     time = a + b * (pages of the largest part)
-then prints, per shape, the largest part and the split partials under the default scheduler and under
-FLASHMLA_SPLIT_OVH=c, and the time the fit predicts for the new largest part.
+then prints, per shape, the largest part and the split partials under the scheduler the run used
+(c pages per segment: the JSON's "split_ovh", written by bench_decode.py since the per-segment scheduler
+became the default, or --measured-c) and under other values of FLASHMLA_SPLIT_OVH=c, and the time the
+fit predicts for their largest part. (JSONs of runs before that measured a cost-line scheduler that is
+gone: their fit is not reproducible here.)
 
-    python flashmla/benchmarks/fixed_cost_fit.py --json flashmla/benchmarks/results/h200_3a06a83_bench.json [--c 2,5]
+    python flashmla/benchmarks/fixed_cost_fit.py --json OUT/bench.json [--c 3,8] [--measured-c 5]
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ def bench_lens(batch: int, L: int, h_q: int, s_q: int, kind: str) -> list[int]:
     return [L] * batch if kind == "uniform" else [rng.randint(1, 2 * L) for _ in range(batch)]
 
 
-def schedule_stats(lens: list[int], parts: int, c: int | None) -> tuple[int, float, int]:
+def schedule_stats(lens: list[int], parts: int, c: int) -> tuple[int, float, int]:
     """(pages of the largest part, mean pages per part, split partials) of a schedule."""
     meta, splits = ref.schedule_ref(torch.tensor(lens, dtype=torch.int32), parts, c)
     pages = []
@@ -47,17 +50,22 @@ def schedule_stats(lens: list[int], parts: int, c: int | None) -> tuple[int, flo
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True, help="a bench_decode.py --json output")
-    ap.add_argument("--c", default="2,5", help="FLASHMLA_SPLIT_OVH values to predict")
+    ap.add_argument("--c", default="3,8", help="FLASHMLA_SPLIT_OVH values to predict")
+    ap.add_argument("--measured-c", type=int, default=None,
+                    help="pages per segment of the measured run (default: the JSON's split_ovh)")
     args = ap.parse_args()
     cs = [int(x) for x in args.c.split(",") if x]
-    rows = [r for r in json.load(open(args.json))["rows"]
-            if r.get("kind") in ("uniform", "ragged") and r["h_q"] * r["s_q"] <= 64]
+    data = json.load(open(args.json))
+    c0 = args.measured_c if args.measured_c is not None else data.get("split_ovh")
+    if c0 is None:
+        ap.error("the JSON has no split_ovh (a run before the per-segment scheduler): pass --measured-c")
+    rows = [r for r in data["rows"] if r.get("kind") in ("uniform", "ragged") and r["h_q"] * r["s_q"] <= 64]
     by_rows: dict[int, list] = {}
     for r in rows:
         m = r["h_q"] * r["s_q"]
         parts = ref.num_sm_parts_for(NUM_SMS, m, 1)
         lens = bench_lens(r["batch"], r["seqlen"], r["h_q"], r["s_q"], r["kind"])
-        stats = [schedule_stats(lens, parts, None)] + [schedule_stats(lens, parts, c) for c in cs]
+        stats = [schedule_stats(lens, parts, c0)] + [schedule_stats(lens, parts, c) for c in cs]
         by_rows.setdefault(m, []).append((r, stats))
     for m, items in sorted(by_rows.items()):
         x = np.array([[1.0, s[0][0]] for _, s in items])
@@ -66,7 +74,7 @@ def main():
         rms = float(np.sqrt(((y - x @ np.array([a, b])) ** 2).mean()))
         print(f"\n{m} query rows: t = {a:.1f} us + {b:.3f} us x (max pages of a part), rms residual {rms:.1f} us")
         print(f"{'batch':>5} {'keys':>6} {'h_q':>4} {'s_q':>3} {'kind':>7} {'us':>7} {'TB/s':>5} | max pages "
-              f"(mean) / partials: default" + "".join(f" | c={c}: max, partials, model us" for c in cs))
+              f"(mean) / partials: measured c={c0}" + "".join(f" | c={c}: max, partials, model us" for c in cs))
         for r, stats in items:
             t = r["ours_s"] * 1e6
             tbs = r["gbps"] / 1e3

@@ -22,11 +22,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("last_kernel", []() { return std::string(flashmla::last_kernel()); });
   m.def("auto_wgmma_min_rows", [](bool is_fp8) { return is_fp8 ? flashmla::kFp8WgmmaMinRows : flashmla::kAutoWgmmaMinRows; });
   m.def("auto_swapab_max_rows", []() { return flashmla::swapab_max_rows(); });
-  m.def("mla_metadata", [](int64_t seqlens, int batch, int parts, int64_t cum, int64_t meta,
-                           int64_t num_splits, int seg_ovh, int64_t stream) {
+  m.def("mla_metadata", [](int64_t seqlens, int batch, int parts, int64_t meta, int64_t num_splits, int seg_ovh,
+                           int64_t stream) {
     check(flashmla::launch_mla_metadata(reinterpret_cast<const int*>(seqlens), batch, parts,
-                                        reinterpret_cast<int*>(cum), reinterpret_cast<int*>(meta),
-                                        reinterpret_cast<int*>(num_splits), seg_ovh,
+                                        reinterpret_cast<int*>(meta), reinterpret_cast<int*>(num_splits), seg_ovh,
                                         reinterpret_cast<void*>(stream)),
           "get_mla_metadata kernel");
   });

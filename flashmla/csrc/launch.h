@@ -46,16 +46,18 @@ constexpr int kWgmmaWg1Cols = 128;
 // Swap-AB FP8 kernel: L2 bulk prefetch distance in pages when FLASHMLA_L2_PREFETCH is unset (its
 // chunk ring keeps only 5 x 10.25 KiB of copies in flight per SM; H200 A/B: 2 and 0 within 2 %, 4 slower).
 constexpr int kSwapabL2Prefetch = 2;
-// FLASHMLA_KERNEL unset or 'auto' with an FP8 cache: the swap-AB kernel up to this many query rows
-// (H200: 1.4x the mma.sync FP8 path and 1.08-1.16x the BF16 cache at 8-16 rows, BENCHMARKS.md).
-constexpr int kSwapabMaxRows = 16;
-// FLASHMLA_SWAPAB_MAX_ROWS=32 (opt-in, not yet measured): the swap-AB kernel's 32-row instantiation
-// (wgmma m64n32k16) also takes 17..32 rows, under auto and FLASHMLA_KERNEL=swapab; unset or 16:
-// kSwapabMaxRows. Any other value: swapab_max_rows() returns -1 (launch_mla_decode reports it).
+// FLASHMLA_KERNEL unset or 'auto' with an FP8 cache: the swap-AB kernel up to this many query rows,
+// 1..16 rows in its 16-row instantiation, 17..32 in its 32-row one (wgmma m64n32k16). H200
+// (BENCHMARKS.md): 1.07-1.16x the BF16 cache at 8-16 rows; 0.97-1.01x at 24/32 rows, where the
+// mma.sync FP8 path it replaces ran at 0.60-0.64x.
+constexpr int kSwapabMaxRows = 32;
+// FLASHMLA_SWAPAB_MAX_ROWS: unset or 32: kSwapabMaxRows; 16 (opt-out): 17..32 rows go back to the
+// mma.sync FP8 path, under auto and FLASHMLA_KERNEL=swapab. Any other value: swapab_max_rows()
+// returns -1 (launch_mla_decode reports it).
 inline int swapab_max_rows() {
   const char* v = std::getenv("FLASHMLA_SWAPAB_MAX_ROWS");
-  if (!v || !v[0] || (v[0] == '1' && v[1] == '6' && !v[2])) return kSwapabMaxRows;
-  return v[0] == '3' && v[1] == '2' && !v[2] ? 32 : -1;
+  if (!v || !v[0] || (v[0] == '3' && v[1] == '2' && !v[2])) return kSwapabMaxRows;
+  return v[0] == '1' && v[1] == '6' && !v[2] ? 16 : -1;
 }
 
 // Returns a CUDA error string, or nullptr on success.
@@ -75,11 +77,11 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 // without launching when a.is_fp8 is false, s_q * h_q > max_rows (16 or 32: swapab_max_rows()),
 // the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows);
-// seg_ovh < 0: the default scheduler (request start = FIXED_OVERHEAD pages); 0..kMaxSegOverhead:
-// every segment costs seg_ovh pages (FLASHMLA_SPLIT_OVH, ref.schedule_segments_ref)
+// get_mla_metadata's scheduler (ref.schedule_ref): every segment costs seg_ovh pages beside its
+// own, 0..kMaxSegOverhead (api.py passes 5, or FLASHMLA_SPLIT_OVH)
 constexpr int kMaxSegOverhead = 255;
-const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* cum, int* meta,
-                                int* num_splits, int seg_ovh, void* stream);
+const char* launch_mla_metadata(const int* seqlens, int batch, int parts, int* meta, int* num_splits, int seg_ovh,
+                                void* stream);
 bool fp8_kernel_built();
 const char* last_kernel();  // "default", "wgmma" or "swapab": the main kernel of the last launch_mla_decode
 

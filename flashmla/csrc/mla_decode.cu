@@ -572,8 +572,8 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* kern = getenv("FLASHMLA_KERNEL");
   const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
   // 'swapab' runs the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) for an FP8 cache with at most
-  // kSwapabMaxRows (16; 32 under FLASHMLA_SWAPAB_MAX_ROWS=32) query rows per request, as auto does; anything else under 'swapab' (BF16 cache,
-  // more rows) runs the default kernel.
+  // swapab_max_rows() (kSwapabMaxRows = 32; 16 under FLASHMLA_SWAPAB_MAX_ROWS=16) query rows per
+  // request, as auto does; anything else under 'swapab' (BF16 cache, more rows) runs the default kernel.
   if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0 && strcmp(kern, "swapab") != 0)
     return "FLASHMLA_KERNEL must be unset, 'auto', 'default', 'wgmma' or 'swapab'";
   // FLASHMLA_P_BF16_MIN_KEYS (wgmma kernel): requests with at least this many keys round P to bf16
@@ -603,7 +603,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* cv = getenv("FLASHMLA_COMBINE_V");
   if (cv && cv[0] && !((cv[0] == '1' || cv[0] == '2') && !cv[1])) return "FLASHMLA_COMBINE_V must be 1 or 2";
   const bool v2 = cv && cv[0] == '2';
-  // FLASHMLA_SWAPAB_MAX_ROWS (opt-in): 32 lets the swap-AB FP8 kernel take 17..32 rows (launch.h)
+  // FLASHMLA_SWAPAB_MAX_ROWS: 16 (opt-out) sends 17..32 FP8 rows back to the mma.sync path (launch.h)
   const int sab_rows = swapab_max_rows();
   if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";
   cudaError_t e = cudaSuccess;

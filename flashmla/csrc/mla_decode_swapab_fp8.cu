@@ -1,5 +1,5 @@
-// MLA decode, sm_90a, FP8 cache, few query rows (FLASHMLA_KERNEL=swapab; s_q * h_q <= 16, h_kv = 1;
-// <= 32 under FLASHMLA_SWAPAB_MAX_ROWS=32, opt-in until measured).
+// MLA decode, sm_90a, FP8 cache, few query rows (auto or FLASHMLA_KERNEL=swapab; s_q * h_q <= 32,
+// h_kv = 1; <= 16 under FLASHMLA_SWAPAB_MAX_ROWS=16).
 // Swap-AB: the page's 64 keys are the wgmma M dimension and the query rows the N dimension (NR), so
 // 16 rows cost 16 columns of tensor work instead of a 64-row tile padded from 16 (the FP8 wgmma
 // kernel). Same DecodeArgs, metadata, split partials, lse and combine kernel as the other kernels.
@@ -508,7 +508,7 @@ int launch_swapab(const DecodeArgs& a, int m, void* stream) {
 }  // namespace
 
 int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows) {
-  // FP8 cache, at most max_rows (16, or 32 under FLASHMLA_SWAPAB_MAX_ROWS=32) query rows, pages
+  // FP8 cache, at most max_rows (32, or 16 under FLASHMLA_SWAPAB_MAX_ROWS=16) query rows, pages
   // back to back (bulk copies of 16 tokens), 16-byte aligned pointers; otherwise -1 (the caller
   // runs the default kernel). 1..16 rows run the 16-row instantiation, 17..32 the 32-row one.
   const int m = a.s_q * a.h_q;

@@ -81,12 +81,13 @@ def test_bad_input_raises_clear_error(case):
 
 
 def test_auto_swapab_max_rows_follows_env(monkeypatch):
-    """_C.auto_swapab_max_rows() reads FLASHMLA_SWAPAB_MAX_ROWS at each call: unset or 16 -> 16,
-    32 -> 32 (the opt-in 32-row swap-AB kernel), anything else -> -1 (the launcher rejects it)."""
+    """_C.auto_swapab_max_rows() reads FLASHMLA_SWAPAB_MAX_ROWS at each call: unset, empty or 32 -> 32
+    (the default: swap-AB up to 32 FP8 rows), 16 -> 16 (the opt-out), anything else -> -1 (the
+    launcher rejects it)."""
     c = flashmla.api._C
     if c is None:
         pytest.skip("flashmla._C not built")
-    for env, want in ((None, 16), ("16", 16), ("32", 32), ("24", -1), ("320", -1), ("", 16)):
+    for env, want in ((None, 32), ("16", 16), ("32", 32), ("24", -1), ("320", -1), ("", 32), ("1", -1), ("3", -1)):
         if env is None:
             monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
         else:

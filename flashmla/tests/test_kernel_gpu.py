@@ -115,8 +115,8 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
     # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, from the
     # launcher's row thresholds on (_C.auto_wgmma_min_rows: 1 for a BF16 cache, 64 for FP8); the
-    # swap-AB kernel for an FP8 cache of at most _C.auto_swapab_max_rows rows (16; 32 under
-    # FLASHMLA_SWAPAB_MAX_ROWS=32, which the binding reads at each call), under auto or swapab
+    # swap-AB kernel for an FP8 cache of at most _C.auto_swapab_max_rows rows (32; 16 under
+    # FLASHMLA_SWAPAB_MAX_ROWS=16, which the binding reads at each call), under auto or swapab
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
     auto_rows = flashmla.api._C.auto_wgmma_min_rows(fp8)
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
@@ -126,13 +126,13 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     return res
 
 
-@pytest.mark.parametrize("ovh", [None, 0, 2, 5, 255])
+@pytest.mark.parametrize("ovh", [None, 0, 2, 8, 255])
 @pytest.mark.parametrize("lens", [[4096] * 64, [0, 0, 5, 100000, 3], [1] * 300, [0], [16384] + [64] * 131,
                                   list(range(0, 20000, 97))])
 @pytest.mark.parametrize("m", [16, 128, 512])
 def test_metadata_matches_reference(lens, m, ovh, monkeypatch):
-    """The metadata kernels (default cost line, and FLASHMLA_SPLIT_OVH's per-segment greedy) compute
-    the integers of ref.schedule_ref."""
+    """The metadata kernel computes the integers of ref.schedule_ref, at the default 5 pages per
+    segment (FLASHMLA_SPLIT_OVH unset) and under FLASHMLA_SPLIT_OVH=c."""
     need_kernel()
     if ovh is None:
         monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
@@ -141,7 +141,7 @@ def test_metadata_matches_reference(lens, m, ovh, monkeypatch):
     sl = torch.tensor(lens, dtype=torch.int32, device=DEV)
     meta, splits = flashmla.get_mla_metadata(sl, m, 1)
     parts = ref.num_sm_parts_for(torch.cuda.get_device_properties(0).multi_processor_count, m, 1)
-    rm, rs = ref.schedule_ref(sl.cpu(), parts, ovh)
+    rm, rs = ref.schedule_ref(sl.cpu(), parts) if ovh is None else ref.schedule_ref(sl.cpu(), parts, ovh)
     assert torch.equal(meta.cpu(), rm) and torch.equal(splits.cpu(), rs)
 
 
@@ -199,9 +199,10 @@ def test_pdl_and_combine_v2_are_bit_identical(h_q, s_q, monkeypatch):
 @pytest.mark.parametrize("lens,h_q,s_q", [([4096] * 132, 16, 1), ([1024] * 64, 64, 2),
                                           ([0, 1, 65, 4097, 64, 16384, 7] * 5, 32, 1)])
 def test_split_overhead_scheduler_decodes(lens, h_q, s_q, ovh, monkeypatch):
-    """Decodes with FLASHMLA_SPLIT_OVH schedules (few splits or none) match the reference, under the
-    wgmma and the mma.sync kernel (with and without PDL), and with an FP8 cache under auto (swap-AB
-    at 16 rows, FP8 wgmma at 64) and the mma.sync FP8 path, which read the same metadata."""
+    """Decodes with FLASHMLA_SPLIT_OVH schedules (0: many splits; 5, the default; 64: few or none)
+    match the reference, under the wgmma and the mma.sync kernel (with and without PDL), and with an
+    FP8 cache under auto (swap-AB at 16 and 32 rows, FP8 wgmma at 128) and the mma.sync FP8 path,
+    which read the same metadata."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_SPLIT_OVH", ovh)
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
@@ -408,7 +409,7 @@ def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
                                          (64, 1, True), (16, 1, True), (8, 2, True), (32, 1, True)])
 def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
     """Without FLASHMLA_KERNEL the launcher picks wgmma from _C.auto_wgmma_min_rows query rows per
-    request on (BF16 cache: always; FP8 cache: from 64 rows), for an FP8 cache swap-AB up to 16 rows,
+    request on (BF16 cache: always; FP8 cache: from 64 rows), for an FP8 cache swap-AB up to 32 rows,
     and the default kernel otherwise (run() asserts which ran); results meet the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
@@ -443,19 +444,16 @@ def test_p_rounding_threshold(kernel_name, monkeypatch):
     assert torch.equal(torch.isinf(lse2), torch.isinf(rl))
 
 
-# ---- the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab, s_q * h_q <= 16, or
-# <= 32 under FLASHMLA_SWAPAB_MAX_ROWS=32: 17..32 rows run its NR = 32 instantiation)
+# ---- the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu, auto or FLASHMLA_KERNEL=swapab, s_q * h_q <= 32:
+# 1..16 rows run its NR = 16 instantiation, 17..32 rows its NR = 32 one; <= 16 under FLASHMLA_SWAPAB_MAX_ROWS=16)
 SWAPAB_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3),
                                                                    (32, 1), (16, 2), (17, 1), (9, 3)]))
 
 
-def swapab_rows_env(monkeypatch, rows):
-    """FLASHMLA_SWAPAB_MAX_ROWS=32 for more than 16 query rows (the opt-in NR = 32 kernel), else unset."""
-    if rows > 16:
-        monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", "32")
-    else:
-        monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
-    assert flashmla.api._C.auto_swapab_max_rows() == (32 if rows > 16 else 16)
+def swapab_default_rows(monkeypatch):
+    """FLASHMLA_SWAPAB_MAX_ROWS unset: the swap-AB kernel takes up to 32 query rows (NR = 32 above 16)."""
+    monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
+    assert flashmla.api._C.auto_swapab_max_rows() == 32
 
 
 def poison_fp8_tails(k8, bt, sl):
@@ -473,7 +471,7 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
     need_kernel()
     h_q, s_q = hs
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    swapab_rows_env(monkeypatch, h_q * s_q)
+    swapab_default_rows(monkeypatch)
     seed = hash((batch, seqlen, h_q, s_q, "swapab")) % 10000
     rng = random.Random(seed)
     lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
@@ -489,9 +487,9 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
 def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
     """Swap-AB against the default kernel on one quantised cache: both sides of the exact-P
     threshold (1024 keys), page-aligned and 1/63-token tails (0xFF past them), a zero-length request
-    (out 0, lse +inf) and a long request split over several parts (17..32 rows: NR = 32, opt-in)."""
+    (out 0, lse +inf) and a long request split over several parts (17..32 rows: NR = 32)."""
     need_kernel()
-    swapab_rows_env(monkeypatch, h_q * s_q)
+    swapab_default_rows(monkeypatch)
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=17 * h_q + s_q)
     k8 = flashmla.quantize_kvcache(kc)
@@ -502,14 +500,14 @@ def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
 
 
 def test_fp8_swapab_falls_back(monkeypatch):
-    """FLASHMLA_KERNEL=swapab with more than 16 query rows (more than 32 under
-    FLASHMLA_SWAPAB_MAX_ROWS=32), or with a BF16 cache, runs the default kernel (run() asserts which
+    """FLASHMLA_KERNEL=swapab with more than 32 query rows (more than 16 under the opt-out
+    FLASHMLA_SWAPAB_MAX_ROWS=16), or with a BF16 cache, runs the default kernel (run() asserts which
     ran) and meets the tolerances; a FLASHMLA_SWAPAB_MAX_ROWS other than 16 or 32 is an error."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
     lens = [300, 0, 65]
-    for h_q, s_q, env in ((32, 1, None), (33, 1, "32"), (16, 3, "32")):
+    for h_q, s_q, env in ((33, 1, None), (16, 3, None), (32, 1, "16"), (17, 1, "16")):
         if env:
             monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
         q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=2 + h_q)
@@ -550,7 +548,7 @@ def test_fp8_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
     page), each replay checked against the reference on the dequantised cache (32 rows: NR = 32)."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    swapab_rows_env(monkeypatch, h_q * s_q)
+    swapab_default_rows(monkeypatch)
     batch, cap = 6, 4160
     q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=13)
     k8 = flashmla.quantize_kvcache(kc)
@@ -570,9 +568,10 @@ def test_fp8_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
 
 @pytest.mark.parametrize("h_q,s_q", [(32, 1), (16, 2), (24, 1), (16, 1)])
 def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, monkeypatch):
-    """Auto with an FP8 cache: 17..32 rows run swap-AB only under FLASHMLA_SWAPAB_MAX_ROWS=32
-    (default unchanged: run() asserts which kernel ran from _C.auto_swapab_max_rows); <= 16 rows run
-    it either way; both settings meet the tolerances."""
+    """Auto with an FP8 cache: 17..32 rows run swap-AB by default (FLASHMLA_SWAPAB_MAX_ROWS unset or
+    32) and the mma.sync FP8 path under the opt-out FLASHMLA_SWAPAB_MAX_ROWS=16 (run() asserts which
+    kernel ran from _C.auto_swapab_max_rows); <= 16 rows run swap-AB under every setting; all meet
+    the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
     lens = [2000, 0, 63, 129, 9000]
@@ -580,14 +579,14 @@ def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, monkeypatch):
     k8 = flashmla.quantize_kvcache(kc)
     ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
     ran = []
-    for env in (None, "32"):
+    for env in (None, "32", "16"):
         if env:
             monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
         else:
             monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
         check(*run(q, k8, bt, sl, s_q > 1, fp8=True), ro, rl)
         ran.append(flashmla.api._C.last_kernel())
-    assert ran == (["default", "swapab"] if h_q * s_q > 16 else ["swapab", "swapab"])
+    assert ran == (["swapab", "swapab", "default"] if h_q * s_q > 16 else ["swapab"] * 3)
 
 
 def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):

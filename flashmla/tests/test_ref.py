@@ -79,30 +79,7 @@ def _coverage(meta, splits, lens):
     assert int(splits[0]) == 0 and int(splits[batch]) <= batch + meta.shape[0]
 
 
-@pytest.mark.parametrize("lens,parts", [([4096] * 8, 132), ([0, 0, 5, 100000, 3], 132),
-                                        ([1] * 300, 132), ([64 * 7] * 3, 16), ([0], 4), ([8192, 0, 17], 1)])
-def test_schedule_covers_everything_once(lens, parts):
-    meta, splits = ref.schedule_ref(torch.tensor(lens, dtype=torch.int32), parts)
-    assert meta.shape == (parts, 8) and splits.shape == (len(lens) + 1,)
-    _coverage(meta, splits, lens)
-
-
-def test_schedule_balances():
-    lens = [16384] + [64] * 200
-    meta, _ = ref.schedule_ref(torch.tensor(lens, dtype=torch.int32), 132)
-    costs = []
-    for p in range(132):
-        b0, k0, b1, k1, _ = meta[p, :5].tolist()
-        c = 0
-        for b in range(b0, (b1 if k1 > 0 else b1 - 1) + 1):
-            nb = (lens[b] + 63) // 64
-            c += (k1 if b == b1 else nb) - (k0 if b == b0 else 0) + ref.FIXED_OVERHEAD
-        costs.append(c)
-    total = sum((L + 63) // 64 + ref.FIXED_OVERHEAD for L in lens)
-    assert max(costs) <= total / 132 + 2 * ref.FIXED_OVERHEAD + 1
-
-
-# ---- the opt-in per-segment scheduler (FLASHMLA_SPLIT_OVH=c, ref.schedule_segments_ref)
+# ---- the scheduler (ref.schedule_ref: c pages per segment, 5 by default, FLASHMLA_SPLIT_OVH=c)
 SEG_CASES = [([4096] * 8, 132), ([0, 0, 5, 100000, 3], 132), ([1] * 300, 132), ([64 * 7] * 3, 16), ([0], 4),
              ([8192, 0, 17], 1), ([4096] * 64, 132), ([1024] * 128, 132), ([16384] + [64] * 131, 132),
              (list(range(0, 20000, 97)), 66), ([0] * 5, 3)]
@@ -126,8 +103,13 @@ def _part_loads(meta, lens, c):
 @pytest.mark.parametrize("c", [0, 1, 2, 5, 64])
 @pytest.mark.parametrize("lens,parts", SEG_CASES)
 def test_segment_schedule_covers_everything_once_within_budget(lens, parts, c):
+    """Every page once, split indices consistent; every part within the smallest budget that fits."""
     sl = torch.tensor(lens, dtype=torch.int32)
     meta, splits = ref.schedule_ref(sl, parts, c)
+    if c == ref.SEG_OVERHEAD:   # the default of schedule_ref (and of get_mla_metadata)
+        dm, ds = ref.schedule_ref(sl, parts)
+        assert torch.equal(dm, meta) and torch.equal(ds, splits)
+    assert meta.dtype == torch.int32 and splits.dtype == torch.int32 and (meta[:, 5:] == 0).all()
     assert meta.shape == (parts, 8) and splits.shape == (len(lens) + 1,)
     _coverage(meta, splits, lens)
     budget = ref.segment_budget(sl, parts, c)
@@ -148,17 +130,20 @@ def test_segment_schedule_covers_everything_once_within_budget(lens, parts, c):
 
 
 def test_segment_schedule_keeps_short_requests_whole():
-    """With a per-segment cost, 128 requests of 64 pages on 132 parts are not split at all (the
-    default scheduler splits 120 of them); 64 requests of 16 pages are halved (8 pages per part, the
-    default puts up to 11 on one part)."""
-    meta, splits = ref.schedule_ref(torch.tensor([4096] * 128, dtype=torch.int32), 132, 2)
+    """With the default 5 pages per segment, 128 requests of 64 pages on 132 parts are not split at
+    all (c = 0, pure page balance, splits every one: 256 segments); 64 requests of 16 pages are
+    halved (8 pages per part); one long request among short ones is spread over the parts but in
+    fewer pieces than with c = 0."""
+    sl = torch.tensor([4096] * 128, dtype=torch.int32)
+    meta, splits = ref.schedule_ref(sl, 132)
     assert torch.equal(splits, torch.arange(129, dtype=torch.int32))
-    _, dsplits = ref.schedule_ref(torch.tensor([4096] * 128, dtype=torch.int32), 132)
-    assert int(dsplits[-1]) > 200
-    meta, splits = ref.schedule_ref(torch.tensor([1024] * 64, dtype=torch.int32), 132, 2)
-    assert max(pg for pg, _ in _part_loads(meta, [1024] * 64, 2)) == 8
-    meta, _ = ref.schedule_ref(torch.tensor([1024] * 64, dtype=torch.int32), 132)
-    assert max(pg for pg, _ in _part_loads(meta, [1024] * 64, 0)) == 11
+    assert int(ref.schedule_ref(sl, 132, 0)[1][-1]) == 256
+    meta, splits = ref.schedule_ref(torch.tensor([1024] * 64, dtype=torch.int32), 132)
+    assert max(pg for pg, _ in _part_loads(meta, [1024] * 64, 5)) == 8 and int(splits[-1]) == 128
+    lens = [16384] + [64] * 131
+    sl = torch.tensor(lens, dtype=torch.int32)
+    n5, n0 = (int(ref.schedule_ref(sl, 132, c)[1][1]) for c in (5, 0))
+    assert 10 < n5 < n0
 
 
 def _split_decode(q, kc, bt, sl, meta, splits, causal):
@@ -211,13 +196,13 @@ def _split_decode(q, kc, bt, sl, meta, splits, causal):
     return out, lse
 
 
-@pytest.mark.parametrize("c", [None, 0, 3, 64])
+@pytest.mark.parametrize("c", [0, 3, 5, 64])
 @pytest.mark.parametrize("lens,parts,s_q,causal", [([300, 0, 1000, 64, 65, 1], 7, 1, False),
                                                    ([700, 129, 2, 0, 1500], 5, 2, True),
                                                    ([2000] * 3, 16, 1, False)])
 def test_split_schedules_reproduce_the_reference(lens, parts, s_q, causal, c):
-    """Both schedulers' metadata, run through the CPU emulation of split + combine, give the
-    reference result: the segments, split indices and num_splits mean what the kernels read."""
+    """The scheduler's metadata (several c), run through the CPU emulation of split + combine, gives
+    the reference result: the segments, split indices and num_splits mean what the kernels read."""
     q, kc, bt, sl = make_inputs(len(lens), lens, 3, s_q, seed=len(lens) + parts)
     meta, splits = ref.schedule_ref(sl, parts, c)
     out, lse = _split_decode(q, kc, bt, sl, meta, splits, causal)
@@ -229,11 +214,15 @@ def test_split_schedules_reproduce_the_reference(lens, parts, s_q, causal, c):
 
 
 def test_split_overhead_setting_is_read_per_call(monkeypatch):
-    """get_mla_metadata reads FLASHMLA_SPLIT_OVH at each call (CPU path here); bad values name it."""
-    sl = torch.tensor([4096] * 128, dtype=torch.int32)
+    """get_mla_metadata reads FLASHMLA_SPLIT_OVH at each call (CPU path here; unset or empty: 5 pages
+    per segment); bad values name it."""
+    sl = torch.tensor([16384] + [64] * 131, dtype=torch.int32)
     monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
     m0, s0 = flashmla.get_mla_metadata(sl, 16, 1)
-    assert torch.equal(m0, ref.schedule_ref(sl, 132)[0])
+    rm, rs = ref.schedule_ref(sl, 132, 5)
+    assert torch.equal(m0, rm) and torch.equal(s0, rs) and m0.shape == (132, 8) and s0.shape == (133,)
+    monkeypatch.setenv("FLASHMLA_SPLIT_OVH", "")
+    assert torch.equal(flashmla.get_mla_metadata(sl, 16, 1)[1], s0)
     monkeypatch.setenv("FLASHMLA_SPLIT_OVH", "2")
     m2, s2 = flashmla.get_mla_metadata(sl, 16, 1)
     rm, rs = ref.schedule_ref(sl, 132, 2)
@@ -242,8 +231,9 @@ def test_split_overhead_setting_is_read_per_call(monkeypatch):
         monkeypatch.setenv("FLASHMLA_SPLIT_OVH", bad)
         with pytest.raises(ValueError, match="FLASHMLA_SPLIT_OVH"):
             flashmla.get_mla_metadata(sl, 16, 1)
-    with pytest.raises(ValueError, match="seg_overhead"):
-        ref.schedule_segments_ref(sl, 4, -1)
+    for bad in (-1, None, True):
+        with pytest.raises(ValueError, match="pages per segment"):
+            ref.schedule_ref(sl, 4, bad)
 
 
 def test_fp8_roundtrip_accuracy():

@@ -36,13 +36,13 @@ def _num_sms(device: torch.device) -> int:
 MAX_SEG_OVERHEAD = 255  # FLASHMLA_SPLIT_OVH range (csrc/launch.h kMaxSegOverhead)
 
 
-def split_overhead_setting() -> int | None:
-    """FLASHMLA_SPLIT_OVH (opt-in scheduler, read at every get_mla_metadata call): unset or empty ->
-    None (the default cost line: FIXED_OVERHEAD pages per request start); an int c in 0..255 -> every
-    segment of a request costs c pages (ref.schedule_segments_ref), on the GPU and on the CPU alike."""
+def split_overhead_setting() -> int:
+    """Pages the scheduler charges per segment (read at every get_mla_metadata call, on the GPU and
+    on the CPU alike): ref.SEG_OVERHEAD (5) when FLASHMLA_SPLIT_OVH is unset or empty, else its
+    value, an int in 0..255."""
     v = os.environ.get("FLASHMLA_SPLIT_OVH", "")
     if not v:
-        return None
+        return ref.SEG_OVERHEAD
     try:
         c = int(v)
     except ValueError:
@@ -62,9 +62,7 @@ def _metadata_op(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
         batch = cache_seqlens.shape[0]
         meta = torch.empty(parts, ref.META_SIZE, dtype=torch.int32, device=cache_seqlens.device)
         splits = torch.empty(batch + 1, dtype=torch.int32, device=cache_seqlens.device)
-        cum = torch.empty(batch + 1, dtype=torch.int32, device=cache_seqlens.device)
-        _C.mla_metadata(cache_seqlens.data_ptr(), batch, parts, cum.data_ptr(), meta.data_ptr(),
-                        splits.data_ptr(), -1 if seg_ovh is None else seg_ovh,
+        _C.mla_metadata(cache_seqlens.data_ptr(), batch, parts, meta.data_ptr(), splits.data_ptr(), seg_ovh,
                         torch.cuda.current_stream(cache_seqlens.device).cuda_stream)
         return meta, splits
     meta, splits = ref.schedule_ref(cache_seqlens, parts, seg_ovh)
@@ -87,7 +85,8 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
     num_heads_k:              h_kv
     Returns tile_scheduler_metadata int32 [num_sm_parts, 8] and num_splits int32 [batch + 1];
     num_sm_parts = SMs // h_kv // ceil(num_q_tokens_per_head_k / 64). Reuse them for every layer
-    of the step.
+    of the step. Scheduler: ref.schedule_ref, every segment (a request or a piece of one on one
+    part) costs its pages + 5 (FLASHMLA_SPLIT_OVH=c sets another c in 0..255).
     """
     if not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens: expected a torch.Tensor, got {type(cache_seqlens).__name__}")

@@ -10,7 +10,8 @@ import math
 import torch
 
 PAGE_SIZE = 64          # tokens per page of the KV cache
-FIXED_OVERHEAD = 5      # scheduler cost of starting a request, in pages (as the original)
+SEG_OVERHEAD = 5        # scheduler cost of a segment (a request or a piece of one), in pages; the
+                        # default of get_mla_metadata, FLASHMLA_SPLIT_OVH=c overrides it
 META_SIZE = 8           # int32 words per row of tile_scheduler_metadata
 
 
@@ -66,58 +67,6 @@ def num_sm_parts_for(num_sms: int, num_q_tokens_per_head_k: int, num_heads_k: in
     return max(1, num_sms // max(1, num_heads_k) // m_blocks)
 
 
-def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int,
-                 seg_overhead: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tile scheduler, in plain Python (the CUDA metadata kernels compute the same integers).
-
-    seg_overhead=None (the default, get_mla_metadata without FLASHMLA_SPLIT_OVH): the cost line
-    below. seg_overhead=c >= 0: schedule_segments_ref (every segment costs c pages, not only a
-    request's start), same output format.
-
-    Request b costs ceil(L_b / 64) + FIXED_OVERHEAD; the concatenated cost line of total T is cut
-    at x_p = ceil(p·T / num_parts). A cut at offset o inside request b lands on page max(0, o - 5)
-    of b (the overhead comes first), so a part is a range of (request, page) positions.
-    Returns tile_scheduler_metadata int32 [num_parts, 8] with rows
-    (begin_req, begin_page, end_req, end_page, first_split_index, 0, 0, 0), end exclusive, and
-    num_splits int32 [batch + 1], the start index of each request's splits (prefix sum; request b
-    has num_splits[b+1] - num_splits[b] splits, one per part it touches).
-    """
-    if seg_overhead is not None:
-        return schedule_segments_ref(cache_seqlens, num_parts, seg_overhead)
-    lens = [int(x) for x in cache_seqlens.tolist()]
-    batch = len(lens)
-    cost = [(L + PAGE_SIZE - 1) // PAGE_SIZE + FIXED_OVERHEAD for L in lens]
-    cum = [0]
-    for c in cost:
-        cum.append(cum[-1] + c)
-    total = cum[-1]
-
-    def position(x: int) -> tuple[int, int]:
-        if x >= total:
-            return batch, 0
-        lo, hi = 0, batch - 1          # largest b with cum[b] <= x
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if cum[mid] <= x:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo, max(0, x - cum[lo] - FIXED_OVERHEAD)
-
-    cuts = [position(-(-p * total // num_parts)) for p in range(num_parts + 1)]
-    # internal cuts (inside a request, page > 0), deduplicated: each adds one split
-    internal = sorted({c for c in cuts if c[1] > 0})
-    meta = torch.zeros(num_parts, META_SIZE, dtype=torch.int32)
-    for p in range(num_parts):
-        (b0, k0), (b1, k1) = cuts[p], cuts[p + 1]
-        first = b0 + sum(1 for c in internal if c <= (b0, k0))
-        meta[p, :5] = torch.tensor([b0, k0, b1, k1, first], dtype=torch.int32)
-    splits = torch.zeros(batch + 1, dtype=torch.int32)
-    for b in range(batch + 1):
-        splits[b] = b + sum(1 for c in internal if c[0] < b)
-    return meta, splits
-
-
 def _fill(nb: list[int], num_parts: int, c: int, budget: int):
     """Greedy fill of parts in request order with at most `budget` per part, where a part's load is
     its pages plus c per segment (a request or a piece of one) it holds. A request that does not fit
@@ -142,7 +91,7 @@ def _fill(nb: list[int], num_parts: int, c: int, budget: int):
 
 def segment_budget(cache_seqlens, num_parts: int, c: int) -> int:
     """Smallest per-part budget (pages + c per segment) for which _fill places every request: the
-    makespan that schedule_segments_ref balances. It lies in [ceil(T / P), ceil(T / P) + 2c] with
+    makespan that schedule_ref balances. It lies in [ceil(T / P), ceil(T / P) + 2c] with
     T = sum(pages + c): every part then takes at least budget - c, of which at most c pays for a
     continued request."""
     nb = [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
@@ -154,19 +103,26 @@ def segment_budget(cache_seqlens, num_parts: int, c: int) -> int:
     raise AssertionError("unreachable: the budget ceil(T/P) + 2c always fits")
 
 
-def schedule_segments_ref(cache_seqlens: torch.Tensor, num_parts: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tile scheduler with a fixed cost of c pages per segment (FLASHMLA_SPLIT_OVH=c).
+def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int,
+                 c: int = SEG_OVERHEAD) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tile scheduler of get_mla_metadata, in plain Python (mla_metadata.cu computes the same
+    integers on the device).
 
-    The default scheduler charges FIXED_OVERHEAD pages per request start only, so a part that begins
-    inside a request pays nothing for its Q load, its pipeline fill and its fp32 partial (written by
-    the main kernel, read back by the combine). Here every segment costs c: parts are filled greedily
-    in request order up to the smallest budget that fits all requests (segment_budget), which
-    balances the per-part pages + c * segments and splits a request only where it pays; with a
-    large c short requests stay whole (parts left over stay empty: begin = end = (batch, 0)).
-    Same output format as schedule_ref; num_splits counts the segments of each request.
+    Every segment, a request or the piece of one that a part holds, costs its pages plus c
+    (SEG_OVERHEAD = 5 by default, FLASHMLA_SPLIT_OVH=c in get_mla_metadata): a segment pays for
+    its Q load, its pipeline fill and, when split, its fp32 partial that the combine reads back.
+    Parts are filled greedily in request order up to the smallest budget that fits all requests
+    (segment_budget), which balances the per-part pages + c * segments and splits a request only
+    where it pays; with a large c short requests stay whole (parts left over stay empty:
+    begin = end = (batch, 0)).
+    Returns tile_scheduler_metadata int32 [num_parts, 8] with rows
+    (begin_req, begin_page, end_req, end_page, first_split_index, 0, 0, 0), end exclusive
+    (first_split_index = 0 for an empty part), and num_splits int32 [batch + 1], the start index
+    of each request's splits (prefix sum; request b has num_splits[b+1] - num_splits[b] segments,
+    one per part it touches; a request of one segment skips the combine).
     """
     if not isinstance(c, int) or isinstance(c, bool) or c < 0:
-        raise ValueError(f"seg_overhead: expected an int >= 0, got {c!r}")
+        raise ValueError(f"c (pages per segment): expected an int >= 0, got {c!r}")
     nb = [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
     batch = len(nb)
     starts, end = _fill(nb, num_parts, c, segment_budget(cache_seqlens, num_parts, c))
