@@ -365,6 +365,7 @@ def test_multicast_dense(epi, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
     monkeypatch.setenv("DEEPGEMM_BN256", "0")  # neither the 128 x 256 tile nor the TMA store has a multicast variant
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", "0")  # split-K (default auto at M <= 128) has no multicast variant
     for m, n, k in [(4096, 7168, 2048), (4096, 2112, 7168), (2000, 4096, 512)]:
         x, y = _rand((m, k), m + n), _rand((n, k), k + 3)
         db = poisoned((m, n), torch.bfloat16, DEV)
@@ -404,10 +405,10 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
         cfg = kernels.make_config("dense", True, d, None, n, k, m, 1)
         assert cfg.bn == 256 and cfg.rs == (mode == "2")
         built = kernels.get_kernel(cfg)[1]
-        # no spill fallback, except =2 with the staged epilogue at N = 24576 K = 1536 (H200 run, 2026-11-29):
-        # that one spills and falls back to the same tile with A from shared memory
-        spills = mode == "2" and epi == "staged" and (n, k) == (24576, 1536)
-        assert built == (replace(cfg, rs=0) if spills else cfg), built
+        # no spill fallback, except possibly =2 with the staged epilogue at N = 24576 K = 1536 (it spilled under
+        # NVRTC in H200 run 9 and fell back to the same tile with A from shared memory; not in run 10)
+        may_spill = mode == "2" and epi == "staged" and (n, k) == (24576, 1536)
+        assert built == cfg or (may_spill and built == replace(cfg, rs=0)), built
         _check_bf16_out(_rand((m, k), n + 1), _rand((n, k), k + 2), d)
     monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x256")
     for m, n, k in [(1000, 2112, 7168), (129, 4104, 1536), (300, 384, 256), (200, 256, 128)]:
