@@ -13,13 +13,14 @@ Bytes = 2·(Σseqlen·576 + |q| + |out|) (bf16; FP8 rows count 656 bytes per tok
 
 --kernels times each listed kernel variant (FLASHMLA_KERNEL; auto = what a user gets, the default
 of the flag; a variant may add launcher settings, e.g. wgmma+FLASHMLA_WGMMA_SPLIT=128+FLASHMLA_L2_PREFETCH=1,
-or the opt-in fixed-cost switches auto+FLASHMLA_PDL=2+FLASHMLA_SPLIT_OVH=2; metadata is recomputed per variant)
+or another scheduler cost auto+FLASHMLA_SPLIT_OVH=3; metadata is recomputed per variant)
 on every shape; the first is "ours"
 in the table, each further one gets its own columns (time, TFLOPS, speed relative to the first)
 after its output was checked against the first's. --fp8 adds the FP8-cache table: BF16 cache under
 the first --kernels value beside the FP8 cache under each --fp8-kernels value (default,wgmma: the
-mma.sync FP8 path and the FP8 wgmma variant; swapab: the swap-AB FP8 kernel, which runs at h_q <= 16
-and falls back to the default kernel above; the "ran" column says which ran), each FP8 variant timed
+mma.sync FP8 path and the FP8 wgmma variant; swapab: the swap-AB FP8 kernel, which runs at h_q <= 32
+(<= 16 with +FLASHMLA_SWAPAB_MAX_ROWS=16) and falls back to the default kernel above; auto: what a user
+gets, swap-AB up to 32 rows and the FP8 wgmma kernel from 64; the "ran" column says which ran), each FP8 variant timed
 after agreeing with the first. --fp8-heads sets the h_q values of that table.
 """
 from __future__ import annotations
@@ -65,7 +66,7 @@ def sdpa_baseline(q, kc, bt, sl, lmax, causal):
 # launcher settings a variant may set; FLASHMLA_SPLIT_OVH is read by get_mla_metadata, which the
 # bench calls again under each variant (outside the timing, like a serving step's metadata)
 KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT",
-         "FLASHMLA_PDL", "FLASHMLA_COMBINE_V", "FLASHMLA_SPLIT_OVH", "FLASHMLA_SWAPAB_MAX_ROWS")
+         "FLASHMLA_SPLIT_OVH", "FLASHMLA_SWAPAB_MAX_ROWS")
 
 
 def parse_variant(spec):
@@ -95,7 +96,7 @@ def main():
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
     ap.add_argument("--fp8-kernels", default="default,wgmma",
                     help="FLASHMLA_KERNEL variants the FP8 cache is timed under (comma-separated; swapab: the "
-                         "swap-AB kernel at <= 16 query rows, the default kernel above)")
+                         "swap-AB kernel at <= 32 query rows, the default kernel above)")
     ap.add_argument("--fp8-heads", default="16,32,64,128", help="h_q values of the FP8 table (comma-separated)")
     ap.add_argument("--fp8-only", action="store_true", help="skip the BF16 table (with --fp8)")
     ap.add_argument("--compare-ksplit", action="store_true",

@@ -66,10 +66,7 @@ const char* launch_mla_decode(const DecodeArgs& a, void* stream);
 // launching anything when the tensors do not suit TMA (FP8 cache, pages not back to back, pointers
 // not 16-byte aligned): the caller then runs the default kernel. The caller (launch_mla_decode)
 // runs the shared combine kernel after it.
-// pdl (FLASHMLA_PDL, mla_decode.cu): 0 plain launch; 1 and 2 (WG1 on 128 columns): the kernel variant
-// that triggers its dependents (the combine) from its start; 2 also launches it as a programmatic
-// dependent of the preceding kernel (it runs griddepcontrol.wait before any global access).
-int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream, int pdl = 0);
+int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
 // The same for the FP8 cache (mla_decode_wgmma_fp8.cu): -1 without launching when a.is_fp8 is
 // false, the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);

@@ -453,89 +453,29 @@ __global__ void __launch_bounds__(NT, 1) mla_decode_kernel(const DecodeArgs a) {
 }
 
 // Merge the partials of split requests: one CTA of 128 threads per (row, request).
-// PDL (FLASHMLA_PDL=1/2): launched as a programmatic dependent of the main kernel, so the launch
-// overlaps the main kernel and its CTAs are placed on the SMs as the main kernel's CTAs leave. Its
-// num_splits load may go first (get_mla_metadata finished before the main kernel got past its own
-// griddepcontrol.wait, and the main kernel triggers only after it); every CTA, an unsplit request's
-// too, then waits for the main kernel to complete (griddepcontrol.wait), so that this grid's
-// completion implies the main kernel's for whatever follows on the stream. launch_dependents lets a
-// PDL-launched main kernel of the next call be scheduled early (it waits for this grid in its turn).
-template <bool PDL, bool V2>
 __global__ void __launch_bounds__(128) mla_combine_kernel(const DecodeArgs a) {
   const int rg = blockIdx.x, b = blockIdx.y, m = a.s_q * a.h_q;
   const int s0 = a.num_splits[b], n = a.num_splits[b + 1] - s0;
-  if constexpr (PDL) {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  }
   if (n <= 1) return;
-  if constexpr (!V2) {
-    float mx = NEG_INF;
-    for (int j = 0; j < n; ++j) mx = fmaxf(mx, a.lacc[(int64_t)(s0 + j) * m + rg]);
-    const int i = rg / a.h_q, hh = rg - i * a.h_q;
-    __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + threadIdx.x * 4;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    float sum = 0.f;
-    if (mx != NEG_INF) {
-      for (int j = 0; j < n; ++j) sum += expf(a.lacc[(int64_t)(s0 + j) * m + rg] - mx);
-      const float inv = 1.f / sum;
-      for (int j = 0; j < n; ++j) {
-        const float w = expf(a.lacc[(int64_t)(s0 + j) * m + rg] - mx) * inv;
-        if (w == 0.f) continue;
-        const float4 v = *reinterpret_cast<const float4*>(a.oacc + ((int64_t)(s0 + j) * m + rg) * D_V + threadIdx.x * 4);
-        acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
-      }
+  float mx = NEG_INF;
+  for (int j = 0; j < n; ++j) mx = fmaxf(mx, a.lacc[(int64_t)(s0 + j) * m + rg]);
+  const int i = rg / a.h_q, hh = rg - i * a.h_q;
+  __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + threadIdx.x * 4;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float sum = 0.f;
+  if (mx != NEG_INF) {
+    for (int j = 0; j < n; ++j) sum += expf(a.lacc[(int64_t)(s0 + j) * m + rg] - mx);
+    const float inv = 1.f / sum;
+    for (int j = 0; j < n; ++j) {
+      const float w = expf(a.lacc[(int64_t)(s0 + j) * m + rg] - mx) * inv;
+      if (w == 0.f) continue;
+      const float4 v = *reinterpret_cast<const float4*>(a.oacc + ((int64_t)(s0 + j) * m + rg) * D_V + threadIdx.x * 4);
+      acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
     }
-    uint2 packed = make_uint2(pack_bf16(acc[0], acc[1]), pack_bf16(acc[2], acc[3]));
-    *reinterpret_cast<uint2*>(orow) = packed;
-    if (threadIdx.x == 0) a.lse[(int64_t)b * m + hh * a.s_q + i] = mx == NEG_INF ? -NEG_INF : mx + logf(sum);
-  } else {
-    const int i = rg / a.h_q, hh = rg - i * a.h_q;
-    __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + threadIdx.x * 4;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    float sum = 0.f, mx = NEG_INF;
-    // FLASHMLA_COMBINE_V=2: the same arithmetic in the same order, with the loads in parallel. Lane j of
-    // every warp loads the lse of split c + j (32 at a time; the max is exact in any order), the sum of
-    // the exponentials runs in split order through shuffles, and the partial rows are loaded 4 splits at
-    // a time before any is accumulated (V1 waits for each row's load before it issues the next).
-    const int lane = threadIdx.x & 31;
-    const float* lrow = a.lacc + (int64_t)s0 * m + rg;
-    for (int c = 0; c < n; c += 32) {
-      float l = c + lane < n ? lrow[(int64_t)(c + lane) * m] : NEG_INF;
-#pragma unroll
-      for (int d = 16; d > 0; d >>= 1) l = fmaxf(l, __shfl_xor_sync(0xffffffffu, l, d));
-      mx = fmaxf(mx, l);
-    }
-    if (mx != NEG_INF) {
-      for (int c = 0; c < n; c += 32) {
-        const float e = c + lane < n ? expf(lrow[(int64_t)(c + lane) * m] - mx) : 0.f;
-        for (int j = 0; j < min(32, n - c); ++j) sum += __shfl_sync(0xffffffffu, e, j);
-      }
-      const float inv = 1.f / sum;
-      const float* orow_in = a.oacc + ((int64_t)s0 * m + rg) * D_V + threadIdx.x * 4;
-      for (int c = 0; c < n; c += 32) {
-        const float w = c + lane < n ? expf(lrow[(int64_t)(c + lane) * m] - mx) * inv : 0.f;
-        const int cnt = min(32, n - c);
-        for (int j = 0; j < cnt; j += 4) {
-          float4 v[4];
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-            v[u] = j + u < cnt ? *reinterpret_cast<const float4*>(orow_in + (int64_t)(c + j + u) * m * D_V)
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float wu = __shfl_sync(0xffffffffu, w, (j + u) & 31);
-            if (j + u < cnt && wu != 0.f) {
-              acc[0] += wu * v[u].x; acc[1] += wu * v[u].y; acc[2] += wu * v[u].z; acc[3] += wu * v[u].w;
-            }
-          }
-        }
-      }
-    }
-    uint2 packed = make_uint2(pack_bf16(acc[0], acc[1]), pack_bf16(acc[2], acc[3]));
-    *reinterpret_cast<uint2*>(orow) = packed;
-    if (threadIdx.x == 0) a.lse[(int64_t)b * m + hh * a.s_q + i] = mx == NEG_INF ? -NEG_INF : mx + logf(sum);
   }
+  uint2 packed = make_uint2(pack_bf16(acc[0], acc[1]), pack_bf16(acc[2], acc[3]));
+  *reinterpret_cast<uint2*>(orow) = packed;
+  if (threadIdx.x == 0) a.lse[(int64_t)b * m + hh * a.s_q + i] = mx == NEG_INF ? -NEG_INF : mx + logf(sum);
 }
 
 template <int WM, bool FP8, bool KS>
@@ -589,27 +529,13 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
   a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
   if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
-  // FLASHMLA_PDL (opt-in, default 0): programmatic dependent launch. 1: the combine kernel is a
-  // programmatic dependent of the main kernel (launched while the main kernel runs; the BF16 wgmma
-  // kernel with 128 WG1 columns triggers it from its start, the other main kernels at their exit);
-  // 2: also the BF16 wgmma main kernel is a programmatic dependent of whatever precedes it on the
-  // stream (it waits for it before its first global access), overlapping its launch with that
-  // kernel's tail. Results are bit-identical to 0 (same kernels and math, only launch order).
-  const char* pd = getenv("FLASHMLA_PDL");
-  const int pdl = pd && pd[0] ? atoi(pd) : 0;
-  if (pdl < 0 || pdl > 2 || (pd && pd[0] && (pd[1] || pd[0] < '0' || pd[0] > '2'))) return "FLASHMLA_PDL must be 0, 1 or 2";
-  // FLASHMLA_COMBINE_V (opt-in, default 1): 2 runs the combine with its loads in parallel (same
-  // arithmetic in the same order: bit-identical output)
-  const char* cv = getenv("FLASHMLA_COMBINE_V");
-  if (cv && cv[0] && !((cv[0] == '1' || cv[0] == '2') && !cv[1])) return "FLASHMLA_COMBINE_V must be 1 or 2";
-  const bool v2 = cv && cv[0] == '2';
   // FLASHMLA_SWAPAB_MAX_ROWS: 16 (opt-out) sends 17..32 FP8 rows back to the mma.sync path (launch.h)
   const int sab_rows = swapab_max_rows();
   if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
   const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
-  if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream, pdl);
+  if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (a.is_fp8 && (auto_pick ? m <= sab_rows : strcmp(kern, "swapab") == 0)) {
     if (!(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
@@ -628,22 +554,9 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   } else {
     e = launch<4, false, false>(a, st);
   }
-  if (e == cudaSuccess && pdl == 0) {
-    if (v2) mla_combine_kernel<false, true><<<dim3(m, a.batch), 128, 0, st>>>(a);
-    else mla_combine_kernel<false, false><<<dim3(m, a.batch), 128, 0, st>>>(a);
+  if (e == cudaSuccess) {
+    mla_combine_kernel<<<dim3(m, a.batch), 128, 0, st>>>(a);
     e = cudaGetLastError();
-  } else if (e == cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(m, a.batch);
-    cfg.blockDim = dim3(128);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    e = v2 ? cudaLaunchKernelEx(&cfg, mla_combine_kernel<true, true>, a)
-           : cudaLaunchKernelEx(&cfg, mla_combine_kernel<true, false>, a);
   }
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

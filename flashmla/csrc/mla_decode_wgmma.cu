@@ -29,20 +29,11 @@
 namespace flashmla {
 namespace {
 
-// PDL (FLASHMLA_PDL=1/2, 128 WG1 columns only): wait for the preceding grid before the first global
-// access (a no-op unless launched as a programmatic dependent), then let the combine kernel be
-// launched: the CTAs of this kernel hold the whole register file (384 x 168), so the combine's
-// CTAs only land on an SM once this kernel's CTA there has left, and they wait for the whole grid
-// before they read a partial.
-template <int W1, bool PDL = false>
+template <int W1>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 in begin_cta
-  if constexpr (PDL) {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  }
   CtaPart c;
   if (!begin_cta(a, smem_raw, 1, c)) return;  // full[s]: the producer's expect_tx + TMA bytes
   const uint32_t uQ = c.uQ, uK = c.uK, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
@@ -90,7 +81,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
 }  // namespace
 
-int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream, int pdl) {
+int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
   // the TMA maps treat the cache and q as rows of 576 bf16: pages must be back to back and the
   // base pointers 16-byte aligned; otherwise -1 (the default kernel runs instead)
   if (a.is_fp8 || a.kcache_block_stride != (int64_t)PAGE * D_QK ||
@@ -101,27 +92,11 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream, int pdl) {
   if (!make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
       !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m))
     return -1;
-  const bool pdl_kernel = pdl > 0 && a.wg1_cols == 128;
-  auto kernel = pdl_kernel ? mla_decode_wgmma_kernel<128, true>
-                : a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128> : mla_decode_wgmma_kernel<256>;
+  auto kernel = a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128> : mla_decode_wgmma_kernel<256>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
-  dim3 grid((m + BM - 1) / BM, a.parts);
-  if (!(pdl_kernel && pdl == 2)) {
-    kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmK, tmQ);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(NTHREADS);
-  cfg.dynamicSmemBytes = SMEM;
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a, tmK, tmQ);
+  kernel<<<dim3((m + BM - 1) / BM, a.parts), NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmK, tmQ);
+  return cudaGetLastError();
 }
 
 }  // namespace flashmla

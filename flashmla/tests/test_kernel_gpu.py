@@ -19,26 +19,23 @@ KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 cache
 
 
 # the BF16 wgmma kernel's launcher settings each variant runs under (FP8 caches ignore them)
-WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_fixedcost": "128"}
-# opt-in fixed-cost switches of a variant: programmatic dependent launch of the main and combine
-# kernels (FLASHMLA_PDL=2) and the per-segment scheduler (FLASHMLA_SPLIT_OVH, read by get_mla_metadata)
-# kernels (FLASHMLA_PDL=2), the combine with parallel loads (FLASHMLA_COMBINE_V=2) and the per-segment
-# scheduler (FLASHMLA_SPLIT_OVH, read by get_mla_metadata)
-FIXED_COST_SETTINGS = {"wgmma_fixedcost": {"FLASHMLA_PDL": "2", "FLASHMLA_COMBINE_V": "2", "FLASHMLA_SPLIT_OVH": "2"}}
-FIXED_COST_VARS = ("FLASHMLA_PDL", "FLASHMLA_COMBINE_V", "FLASHMLA_SPLIT_OVH")
+WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_ovh0": "128"}
+# scheduler of a variant: FLASHMLA_SPLIT_OVH (read by get_mla_metadata); unset: 5 pages per segment,
+# the default; 0: pure page balance, which splits nearly every request (the combine's heaviest use)
+SPLIT_OVH_SETTINGS = {"wgmma_ovh0": "0"}
 
 
 @pytest.fixture(params=["default"] + list(WGMMA_SETTINGS))
 def kernel(request, monkeypatch):
     """Runs a decode test once per kernel variant (read by the launcher at every call); the BF16
     wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup), and
-    once more with the opt-in fixed-cost switches (FIXED_COST_SETTINGS) on."""
+    once more under the scheduler's FLASHMLA_SPLIT_OVH=0 (SPLIT_OVH_SETTINGS)."""
     monkeypatch.setenv("FLASHMLA_KERNEL", request.param.split("_")[0])
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", WGMMA_SETTINGS.get(request.param, "256"))
-    for var in FIXED_COST_VARS:
-        monkeypatch.delenv(var, raising=False)
-    for var, val in FIXED_COST_SETTINGS.get(request.param, {}).items():
-        monkeypatch.setenv(var, val)
+    if request.param in SPLIT_OVH_SETTINGS:
+        monkeypatch.setenv("FLASHMLA_SPLIT_OVH", SPLIT_OVH_SETTINGS[request.param])
+    else:
+        monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
     return request.param
 
 
@@ -145,74 +142,22 @@ def test_metadata_matches_reference(lens, m, ovh, monkeypatch):
     assert torch.equal(meta.cpu(), rm) and torch.equal(splits.cpu(), rs)
 
 
-@pytest.mark.parametrize("h_q,s_q", [(16, 1), (64, 2), (128, 1)])
-def test_pdl_and_combine_v2_are_bit_identical(h_q, s_q, monkeypatch):
-    """FLASHMLA_PDL=1/2 only changes how the main and combine kernels are launched, and
-    FLASHMLA_COMBINE_V=2 only the order of the combine's loads: outputs are bit-identical to the
-    defaults, eagerly and replayed from a CUDA graph (where the programmatic edges are captured) with
-    new lengths; the wgmma kernel is the one that ran."""
-    need_kernel()
-    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
-    monkeypatch.delenv("FLASHMLA_SPLIT_OVH", raising=False)
-    # a long request next to short ones: up to ~130 splits of one request (the combine's chunks of 32)
-    lens = [4097, 0, 64, 1, 2000, 65, 8191, 130, 100000, 3]
-    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q + 5 * s_q)
-    causal = s_q > 1
-    settings = [("0", "1"), ("1", "1"), ("2", "1"), ("0", "2"), ("2", "2")]
-    res = {}
-    for pdl, cv in settings:
-        monkeypatch.setenv("FLASHMLA_PDL", pdl)
-        monkeypatch.setenv("FLASHMLA_COMBINE_V", cv)
-        res[pdl, cv] = run(q, kc, bt, sl, causal)
-        for _ in range(3):  # back to back: each call's main kernel may start under the last combine
-            o, l = run(q, kc, bt, sl, causal)
-            assert torch.equal(o, res[pdl, cv][0]) and torch.equal(l, res[pdl, cv][1])
-    for key in settings[1:]:
-        assert torch.equal(res[key][0], res["0", "1"][0]) and torch.equal(res[key][1], res["0", "1"][1]), key
-    check(*res["2", "2"], *flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal))
-    static_sl = sl.clone()
-    cap = 20000
-
-    def step():
-        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
-        return flashmla.flash_mla_with_kvcache(q, kc, bt, static_sl, 512, meta, splits, causal=causal)
-
-    graphs = {}
-    for pdl, cv in (("0", "1"), ("2", "2")):
-        monkeypatch.setenv("FLASHMLA_PDL", pdl)
-        monkeypatch.setenv("FLASHMLA_COMBINE_V", cv)
-        graphs[pdl] = capture(step)
-    for trial in range(3):
-        static_sl.copy_(torch.randint(0, cap + 1, (len(lens),), dtype=torch.int32, device=DEV))
-        got = {}
-        for pdl, (graph, (g_out, g_lse)) in graphs.items():
-            g_out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            got[pdl] = (g_out.clone(), g_lse.clone())
-        assert torch.equal(got["0"][0], got["2"][0]) and torch.equal(got["0"][1], got["2"][1])
-        check(*got["2"], *flashmla.mla_decode_ref(q, kc, bt, static_sl, 512, causal=causal))
-
-
 @pytest.mark.parametrize("ovh", ["0", "5", "64"])
 @pytest.mark.parametrize("lens,h_q,s_q", [([4096] * 132, 16, 1), ([1024] * 64, 64, 2),
                                           ([0, 1, 65, 4097, 64, 16384, 7] * 5, 32, 1)])
 def test_split_overhead_scheduler_decodes(lens, h_q, s_q, ovh, monkeypatch):
     """Decodes with FLASHMLA_SPLIT_OVH schedules (0: many splits; 5, the default; 64: few or none)
-    match the reference, under the wgmma and the mma.sync kernel (with and without PDL), and with an
-    FP8 cache under auto (swap-AB at 16 and 32 rows, FP8 wgmma at 128) and the mma.sync FP8 path,
-    which read the same metadata."""
+    match the reference, under the wgmma and the mma.sync kernel, and with an FP8 cache under auto
+    (swap-AB at 16 and 32 rows, FP8 wgmma at 128) and the mma.sync FP8 path, which read the same
+    metadata."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_SPLIT_OVH", ovh)
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", "128")
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=len(lens) + h_q)
     causal = s_q > 1
     ro, rl = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
-    for k, pdl in [("default", "0"), ("wgmma", "0"), ("wgmma", "2")]:
+    for k in ("default", "wgmma"):
         monkeypatch.setenv("FLASHMLA_KERNEL", k)
-        monkeypatch.setenv("FLASHMLA_PDL", pdl)
-        monkeypatch.setenv("FLASHMLA_COMBINE_V", "2" if pdl == "2" else "1")
         check(*run(q, kc, bt, sl, causal), ro, rl)
     k8 = flashmla.quantize_kvcache(kc)
     ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
@@ -221,19 +166,14 @@ def test_split_overhead_scheduler_decodes(lens, h_q, s_q, ovh, monkeypatch):
         check(*run(q, k8, bt, sl, causal, fp8=True), ro, rl)
 
 
-def test_fixed_cost_switches_reject_bad_values(monkeypatch):
+def test_split_overhead_rejects_bad_values(monkeypatch):
+    """A FLASHMLA_SPLIT_OVH outside 0..255 is a ValueError naming it; nothing is launched."""
     need_kernel()
     q, kc, bt, sl = make_inputs(3, [100, 0, 7000], 16, 1, device=DEV, seed=9)
-    monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    for var, bads in (("FLASHMLA_PDL", ("3", "-1", "x", "12")), ("FLASHMLA_COMBINE_V", ("0", "3", "22"))):
-        for bad in bads:
-            monkeypatch.setenv(var, bad)
-            with pytest.raises(RuntimeError, match=var):
-                run(q, kc, bt, sl)
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("FLASHMLA_SPLIT_OVH", "256")
-    with pytest.raises(ValueError, match="FLASHMLA_SPLIT_OVH"):
-        run(q, kc, bt, sl)
+    for bad in ("256", "-1", "x"):
+        monkeypatch.setenv("FLASHMLA_SPLIT_OVH", bad)
+        with pytest.raises(ValueError, match="FLASHMLA_SPLIT_OVH"):
+            run(q, kc, bt, sl)
 
 
 SWEEP = list(itertools.product([1, 7, 64, 132], [1, 63, 64, 65, 1024, 4097, 16384], [1, 16, 64, 128], [1, 2]))
