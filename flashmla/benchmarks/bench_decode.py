@@ -47,6 +47,20 @@ def bench_graph(fn, rep_ms=60):
     return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
 
 
+def time_variants(specs, fn, rounds, rep_ms, variant=lambda k: k):
+    """Median time of fn(spec) for each spec, under the settings of variant(spec), each timed once per
+    round; the order rotates from round to round (a drift of clocks or memory state then favours no
+    position; one round: specs in order). The launcher reads the settings at every call, so each
+    spec's graph is captured under its own. Several rounds time rep_ms / 2 each. Returns {spec: seconds}."""
+    times = {k: [] for k in specs}
+    for r in range(rounds):
+        for k in specs[r % len(specs):] + specs[:r % len(specs)]:
+            use_variant(variant(k))
+            torch.cuda.synchronize()
+            times[k].append(bench_graph(lambda: fn(k), rep_ms=rep_ms if rounds == 1 else rep_ms // 2))
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
 def sdpa_baseline(q, kc, bt, sl, lmax, causal):
     """Gather the pages, then one SDPA call for the whole batch. With one KV head, the s_q·h_q
     query rows of a request are folded into SDPA's query-length axis (no K/V expansion)."""
@@ -106,6 +120,9 @@ def main():
                          "e.g. '64;16384;32,64;1;uniform'")
     ap.add_argument("--no-peers", action="store_true", help="time our kernel variants only (no SDPA, Triton, "
                     "reference, FlashInfer)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time our variants (and in the FP8 table the BF16 cache) this many times each, in "
+                         "rotating order, and report the median: for A/B runs, against clock drift")
     ap.add_argument("--kernels", default="auto",
                     help="comma-separated FLASHMLA_KERNEL variants to time side by side (auto, default, wgmma)")
     args = ap.parse_args()
@@ -170,15 +187,33 @@ def main():
         sl_list = [L] * batch if kind == "uniform" else [rng.randint(1, 2 * L) for _ in range(batch)]
         causal = s_q > 1
         q, kc, bt, sl = make_inputs(batch, sl_list, h_q, s_q, device="cuda", seed=1)
-        meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
         scale = 576 ** -0.5
+        metas = {}
+        for k in kernels:   # each variant's metadata (FLASHMLA_SPLIT_OVH may differ), outside the timing
+            use_variant(k)
+            metas[k] = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+        use_variant(kernels[0])
+
+        def call(k):
+            return torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, *metas[k], scale, causal, False)
 
         def ours():
-            return torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, scale, causal, False)
+            return call(kernels[0])
 
         out, _lse = ours()
         torch.cuda.synchronize()   # do_bench_cudagraph runs on a side stream: inputs must be ready
-        t = bench_graph(ours, rep_ms=40)
+        timed = [kernels[0]]
+        for k in kernels[1:]:   # the other variants: checked against the first before they are timed
+            use_variant(k)
+            ko, kl = call(k)
+            cos = torch.nn.functional.cosine_similarity(ko.float().flatten(), out.float().flatten(), dim=0)
+            if cos > 0.99999 and torch.equal(torch.isinf(kl), torch.isinf(_lse)):
+                timed.append(k)
+            else:
+                print(f"      kernel {k} disagrees with {kernels[0]} (cosine {cos.item():.7f}): not timed")
+        times = time_variants(timed, call, args.rounds, 40)
+        use_variant(kernels[0])
+        t = times[kernels[0]]
         tot = sum(sl_list)
         nbytes = 2 * (tot * 576 + q.numel() + out.numel())
         flops = 2 * h_q * s_q * tot * (576 + 512)
@@ -191,21 +226,10 @@ def main():
             print(f"      (key-split S phase: {rec['ours_keysplit_s'] * 1e6:.1f} us)")
         rec["kernel"] = kernels[0]
         extra = ""
-        for k in kernels[1:]:   # the other variants: self-check against the first, then time
-            use_variant(k)
-            meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)   # FLASHMLA_SPLIT_OVH may differ
-            ko, kl = ours()
-            cos = torch.nn.functional.cosine_similarity(ko.float().flatten(), out.float().flatten(), dim=0)
-            if cos > 0.99999 and torch.equal(torch.isinf(kl), torch.isinf(_lse)):
-                torch.cuda.synchronize()
-                tk = bench_graph(ours, rep_ms=40)
-            else:
-                print(f"      kernel {k} disagrees with {kernels[0]} (cosine {cos.item():.7f}): not timed")
-                tk = float("nan")
+        for k in kernels[1:]:
+            tk = times.get(k, float("nan"))
             rec[f"{k}_s"] = tk
             extra += f" | {tk * 1e6:8.1f} {flops / tk / 1e12:6.1f} {t / tk:5.2f}"
-            use_variant(kernels[0])
-            meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
         rec["frac_bw"] = nbytes / t / COPY_BW
         rec["frac_mma"] = flops / t / BF16_PEAK
         lmax = max(sl_list)
@@ -265,39 +289,49 @@ def main():
         torch.cuda.empty_cache()
     if args.fp8 and flashmla.api._C.fp8_kernel():
         fk = fp8_kernels
+        rounds_note = f" (medians of {args.rounds} rounds in rotating order)" if args.rounds > 1 else ""
         print(f"\nFP8 cache vs BF16 cache (uniform, s_q = 1; BF16 under FLASHMLA_KERNEL={kernels[0]}, FP8 under "
-              f"{', '.join(fk)}; speed = BF16 time / FP8 time; an FP8 variant is timed after its output agrees "
+              f"{', '.join(fk)}; speed = BF16 time / FP8 time{rounds_note}; an FP8 variant is timed after its output agrees "
               f"with the first's, cosine > 1 - 1e-5)")
         for batch, L, h_q in itertools.product([64, 128], [4096, 16384], [int(h) for h in args.fp8_heads.split(",")]):
             q, kc, bt, sl = make_inputs(batch, L, h_q, 1, device="cuda", seed=2, poison=False)
             k8 = flashmla.quantize_kvcache(kc)
-            meta, splits = flashmla.get_mla_metadata(sl, h_q, 1)
-            torch.cuda.synchronize()
-            tb = bench_graph(lambda: torch.ops.flashmla.mla_decode(q, kc, bt, sl, 512, meta, splits, 576 ** -0.5, False, False))
-            nb8 = batch * L * 656 + 2 * (q.numel() + batch * h_q * 512)
-            rec = dict(batch=batch, seqlen=L, h_q=h_q, s_q=1, kind="fp8", bf16_s=tb, bf16_kernel=kernels[0])
-            line = f"{batch:>5} {L:>6} {h_q:>4}  bf16 {tb * 1e6:8.1f} us"
-            first = None
+            # "bf16" (the BF16 cache under the first --kernels variant) and each FP8 variant, with its own
+            # metadata (a variant may set FLASHMLA_SPLIT_OVH); the FP8 variants are checked against the first
+            specs = ["bf16"] + fk
+            metas, ran = {}, {}
+            for k in specs:
+                use_variant(kernels[0] if k == "bf16" else k)
+                metas[k] = flashmla.get_mla_metadata(sl, h_q, 1)
+
+            def call(k):
+                fp8 = k != "bf16"
+                return torch.ops.flashmla.mla_decode(q, k8 if fp8 else kc, bt, sl, 512, *metas[k], 576 ** -0.5,
+                                                     False, fp8)
+            timed, first = ["bf16"], None
             for k in fk:
                 use_variant(k)
-
-                def fp8():
-                    return torch.ops.flashmla.mla_decode(q, k8, bt, sl, 512, meta, splits, 576 ** -0.5, False, True)
-                o8, l8 = fp8()
-                ran = flashmla.api._C.last_kernel()
+                o8, l8 = call(k)
+                ran[k] = flashmla.api._C.last_kernel()
                 torch.cuda.synchronize()
                 if first is None:
                     first = (o8, l8)
                 cos = torch.nn.functional.cosine_similarity(o8.float().flatten(), first[0].float().flatten(), dim=0)
                 if cos > 0.99999 and torch.equal(torch.isinf(l8), torch.isinf(first[1])):
-                    tf = bench_graph(fp8)
+                    timed.append(k)
                 else:
                     print(f"      FP8 under {k} disagrees with {fk[0]} (cosine {cos.item():.7f}): not timed")
-                    tf = float("nan")
-                key = "fp8_s" if k == fk[0] else f"fp8_{k}_s"
-                rec.update({key: tf, f"fp8_{k}_ran": ran, f"fp8_{k}_speedup": tb / tf, f"fp8_{k}_gbps": nb8 / tf / 1e9})
-                line += f" | fp8 {k}({ran}) {tf * 1e6:8.1f} us x{tb / tf:4.2f} {nb8 / tf / 1e9:6.0f} GB/s"
+            times = time_variants(timed, call, args.rounds, 60, lambda k: kernels[0] if k == "bf16" else k)
             use_variant(kernels[0])
+            tb = times["bf16"]
+            nb8 = batch * L * 656 + 2 * (q.numel() + batch * h_q * 512)
+            rec = dict(batch=batch, seqlen=L, h_q=h_q, s_q=1, kind="fp8", bf16_s=tb, bf16_kernel=kernels[0])
+            line = f"{batch:>5} {L:>6} {h_q:>4}  bf16 {tb * 1e6:8.1f} us"
+            for k in fk:
+                tf = times.get(k, float("nan"))
+                key = "fp8_s" if k == fk[0] else f"fp8_{k}_s"
+                rec.update({key: tf, f"fp8_{k}_ran": ran[k], f"fp8_{k}_speedup": tb / tf, f"fp8_{k}_gbps": nb8 / tf / 1e9})
+                line += f" | fp8 {k}({ran[k]}) {tf * 1e6:8.1f} us x{tb / tf:4.2f} {nb8 / tf / 1e9:6.0f} GB/s"
             rec["speedup"] = rec[f"fp8_{fk[0]}_speedup"]
             rec["fp8_gbps"] = rec[f"fp8_{fk[0]}_gbps"]
             rows.append(rec)
