@@ -1,7 +1,7 @@
 """Default kernels' SASS (encodings included) under the current sm90_gemm.cuh vs the one of a git ref: a switch that
 must not change the default kernels (DEEPGEMM_SPLIT_K, ...) is checked with
     python deepgemm/scripts/sass_identity.py b6e0afe
-(nvcc and cuobjdump needed; 21 configurations: FP8 / BF16 dense at small and large M, grouped, FP8 / FP32 out,
+(nvcc and cuobjdump needed; 25 configurations: FP8 / BF16 dense at small and large M, grouped, FP8 / FP32 out,
 C, PIPE, both multicasts, BN256 RS, TMA store, swap-AB, K split on and off). Exit status 1 if any differs."""
 import os
 import subprocess
@@ -42,7 +42,11 @@ cfgs = [mk("dense", True, B, None, 2112, 7168, 64, 1, 132, "staged", "1"),
         mk("dense", True, B, None, 7168, 2048, 4096, 1, 132, "staged", "1", bn256_env="2"),
         mk("dense", True, B, None, 7168, 2048, 8, 1, 132, "staged", "1", swap_env="1"),
         mk("masked", True, B, None, 4096, 7168, 16, 8, 132, "staged", "1", swap_env="2"),
-        mk("dense", True, B, None, 7168, 2048, 64, 1, 132, "staged", "0")]
+        mk("dense", True, B, None, 7168, 2048, 64, 1, 132, "staged", "0"),
+        mk("dense", True, B, None, 2112, 7168, 64, 1, 132, "staged", "1", split_k_env="0"),
+        mk("dense", True, B, F32, 7168, 2048, 4096, 1, 132, "staged", "1"),   # TMA-store epilogue + FP32 C
+        mk("dense", True, B, B, 4096, 7168, 4096, 1, 132, "staged", "1"),     # staged epilogue + BF16 C
+        mk("dense", True, F32, F32, 2112, 7168, 64, 1, 132, "staged", "1")]   # split-K (auto) + FP32 C
 same = 0
 for cfg in cfgs:
     out = []

@@ -127,6 +127,17 @@ __device__ __forceinline__ u64 make_desc(u32 addr) {
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 __device__ __forceinline__ float bits_to_float(u32 u) { float f; asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u)); return f; }
+// v0, v1 += C[off], C[off + 1] (C: FP32 or BF16 pairs; nothing for kNoC)
+template <int CT>
+__device__ __forceinline__ void add_c(const void* __restrict__ c_ptr, long long off, float& v0, float& v1) {
+  if constexpr (CT == kCF32) {
+    const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
+    v0 += cp[0]; v1 += cp[1];
+  } else if constexpr (CT == kCBF16) {
+    const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
+    v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
+  }
+}
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
 }
@@ -669,16 +680,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           for (int j = 0; j < 8; ++j) {  // 16-byte chunk j of the 128-byte row
             const int jj = pass * 8 + j, c = jj * 8 + (lane % 4) * 2;
             float v0 = acc[jj * 4 + half * 2], v1 = acc[jj * 4 + half * 2 + 1];
-            if (CT != kNoC && row_ok && col_t + c < N) {
-              const long long off = (row_off + row_wg + r) * (long long)N + col_t + c;
-              if (CT == kCF32) {
-                const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
-                v0 += cp[0]; v1 += cp[1];
-              } else {
-                const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
-                v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
-              }
-            }
+            if (CT != kNoC && row_ok && col_t + c < N)
+              add_c<CT>(c_ptr, (row_off + row_wg + r) * (long long)N + col_t + c, v0, v1);
             *reinterpret_cast<u32*>(buf + pass * 8192 + r * 128 + ((j ^ (lane / 4)) * 16) + (lane % 4) * 4) =
                 pack_bf16(v0, v1);
           }
@@ -707,16 +710,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             const int c = j * 8 + (lane % 4) * 2;  // column within the pass
             const int jj = cp0 / 8 + j;
             float v0 = acc[jj * 4 + half * 2], v1 = acc[jj * 4 + half * 2 + 1];
-            if (CT != kNoC && row_ok && col_t + cp0 + c < N) {
-              const long long off = (row_off + row_wg + r) * (long long)N + col_t + cp0 + c;
-              if (CT == kCF32) {
-                const float* cp = reinterpret_cast<const float*>(c_ptr) + off;
-                v0 += cp[0]; v1 += cp[1];
-              } else {
-                const u32 cv = *reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off);
-                v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
-              }
-            }
+            if (CT != kNoC && row_ok && col_t + cp0 + c < N)
+              add_c<CT>(c_ptr, (row_off + row_wg + r) * (long long)N + col_t + cp0 + c, v0, v1);
             *reinterpret_cast<u32*>(buf + r * P + c * 2) = pack_bf16(v0, v1);
           }
         }
@@ -751,13 +746,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           const int col = col0 + j * 8;
           if (col >= N) continue;
           float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
-          if (CT == kCF32) {
-            const float* cp = reinterpret_cast<const float*>(c_ptr) + off + col;
-            v0 += cp[0]; v1 += cp[1];
-          } else if (CT == kCBF16) {
-            const u32 cv = *(reinterpret_cast<const u32*>(reinterpret_cast<const unsigned short*>(c_ptr) + off + col));
-            v0 += bits_to_float(cv << 16); v1 += bits_to_float(cv & 0xFFFF0000u);
-          }
+          add_c<CT>(c_ptr, off + col, v0, v1);
           if (OUT == kOutBF16) {
             *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(d_ptr) + off + col) = pack_bf16(v0, v1);
           } else if (OUT == kOutF32) {
