@@ -191,9 +191,9 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto") ->
     """(BM, BN, S) for an FP8 dense GEMM with M <= SMALL_M under DEEPGEMM_SPLIT_K=s_env ("auto" or an
     integer S >= 2, capped at the K blocks and SPLIT_K_MAX), or None (no split: "0", M too large, one K
     block, or auto where small_m_time predicts less than a 1 / SPLIT_K_GAIN speed-up)."""
-    if s_env == "0" or m > SMALL_M or k // 128 < 2:
-        return None
     kb = k // 128
+    if s_env == "0" or m > SMALL_M or kb < 2:
+        return None
     s_fixed = None if s_env == "auto" else min(int(s_env), kb, SPLIT_K_MAX)
     if s_fixed is not None and s_fixed < 2:
         return None
@@ -509,16 +509,16 @@ def split_k_workspace(device: torch.device, floats: int, counters: int) -> tuple
     hit = _workspaces.get(key)
     if hit is not None and hit[0].numel() >= floats and hit[1].numel() >= counters:
         return hit
-    if torch.cuda.is_current_stream_capturing():
-        fresh = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
-                 torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
-        _retired.append(fresh)
-        return fresh
-    if hit is not None:
+    capturing = torch.cuda.is_current_stream_capturing()
+    if hit is not None and not capturing:
         _retired.append(hit)
         floats, counters = max(floats, hit[0].numel()), max(counters, hit[1].numel())
-    fresh = _workspaces[key] = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
-                                torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
+    fresh = (torch.empty(max(floats, 1), dtype=torch.float32, device=device),
+             torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
+    if capturing:
+        _retired.append(fresh)
+    else:
+        _workspaces[key] = fresh
     return fresh
 
 
