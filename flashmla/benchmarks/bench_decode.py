@@ -61,6 +61,13 @@ def time_variants(specs, fn, rounds, rep_ms, variant=lambda k: k):
     return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
+def disagreement(got, ref):
+    """None when a variant's (out, lse) agrees with the reference variant's (cosine of out > 1 - 1e-5,
+    same inf pattern in lse); else the cosine, for the message."""
+    cos = torch.nn.functional.cosine_similarity(got[0].float().flatten(), ref[0].float().flatten(), dim=0).item()
+    return None if cos > 0.99999 and torch.equal(torch.isinf(got[1]), torch.isinf(ref[1])) else cos
+
+
 def sdpa_baseline(q, kc, bt, sl, lmax, causal):
     """Gather the pages, then one SDPA call for the whole batch. With one KV head, the s_q·h_q
     query rows of a request are folded into SDPA's query-length axis (no K/V expansion)."""
@@ -205,12 +212,11 @@ def main():
         timed = [kernels[0]]
         for k in kernels[1:]:   # the other variants: checked against the first before they are timed
             use_variant(k)
-            ko, kl = call(k)
-            cos = torch.nn.functional.cosine_similarity(ko.float().flatten(), out.float().flatten(), dim=0)
-            if cos > 0.99999 and torch.equal(torch.isinf(kl), torch.isinf(_lse)):
+            cos = disagreement(call(k), (out, _lse))
+            if cos is None:
                 timed.append(k)
             else:
-                print(f"      kernel {k} disagrees with {kernels[0]} (cosine {cos.item():.7f}): not timed")
+                print(f"      kernel {k} disagrees with {kernels[0]} (cosine {cos:.7f}): not timed")
         times = time_variants(timed, call, args.rounds, 40)
         use_variant(kernels[0])
         t = times[kernels[0]]
@@ -316,11 +322,11 @@ def main():
                 torch.cuda.synchronize()
                 if first is None:
                     first = (o8, l8)
-                cos = torch.nn.functional.cosine_similarity(o8.float().flatten(), first[0].float().flatten(), dim=0)
-                if cos > 0.99999 and torch.equal(torch.isinf(l8), torch.isinf(first[1])):
+                cos = disagreement((o8, l8), first)
+                if cos is None:
                     timed.append(k)
                 else:
-                    print(f"      FP8 under {k} disagrees with {fk[0]} (cosine {cos.item():.7f}): not timed")
+                    print(f"      FP8 under {k} disagrees with {fk[0]} (cosine {cos:.7f}): not timed")
             times = time_variants(timed, call, args.rounds, 60, lambda k: kernels[0] if k == "bf16" else k)
             use_variant(kernels[0])
             tb = times["bf16"]
