@@ -67,6 +67,11 @@ def num_sm_parts_for(num_sms: int, num_q_tokens_per_head_k: int, num_heads_k: in
     return max(1, num_sms // max(1, num_heads_k) // m_blocks)
 
 
+def _pages(cache_seqlens) -> list[int]:
+    """Pages of each request (ceil(length / 64))."""
+    return [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
+
+
 def _fill(nb: list[int], num_parts: int, c: int, budget: int):
     """Greedy fill of parts in request order with at most `budget` per part, where a part's load is
     its pages plus c per segment (a request or a piece of one) it holds. A request that does not fit
@@ -94,7 +99,7 @@ def segment_budget(cache_seqlens, num_parts: int, c: int) -> int:
     makespan that schedule_ref balances. It lies in [ceil(T / P), ceil(T / P) + 2c] with
     T = sum(pages + c): every part then takes at least budget - c, of which at most c pays for a
     continued request."""
-    nb = [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
+    nb = _pages(cache_seqlens)
     total = sum(n + c for n in nb)
     lo = max(-(-total // num_parts), c)
     for budget in range(lo, lo + 2 * c + 2):
@@ -123,7 +128,7 @@ def schedule_ref(cache_seqlens: torch.Tensor, num_parts: int,
     """
     if not isinstance(c, int) or isinstance(c, bool) or c < 0:
         raise ValueError(f"c (pages per segment): expected an int >= 0, got {c!r}")
-    nb = [(int(L) + PAGE_SIZE - 1) // PAGE_SIZE for L in cache_seqlens.tolist()]
+    nb = _pages(cache_seqlens)
     batch = len(nb)
     starts, end = _fill(nb, num_parts, c, segment_budget(cache_seqlens, num_parts, c))
     bounds = starts + [end]
