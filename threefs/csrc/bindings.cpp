@@ -7,6 +7,8 @@
 
 #include "chunk_engine.h"
 #include "crc32c.h"
+#include "fastpath.h"
+#include "sha256.h"
 
 namespace py = pybind11;
 using namespace threefs;
@@ -133,6 +135,96 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(g_version_error.ptr(), e.what());
     }
   });
+
+  m.def(
+      "hmac_sha256",
+      [](py::bytes key, py::bytes msg) {
+        std::string k = key, d = msg;
+        uint8_t out[32];
+        hmac_sha256(reinterpret_cast<const uint8_t*>(k.data()), k.size(), {{d.data(), d.size()}},
+                    out);
+        return py::bytes(reinterpret_cast<const char*>(out), 32);
+      },
+      py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the C++ data path (tests compare it)");
+
+  py::class_<FastPath>(m, "FastPath", "The storage node's C++ full-chunk write path (fastpath.h)")
+      .def(py::init([](py::bytes secret) { return new FastPath(std::string(secret)); }),
+           py::arg("secret"))
+      .def(
+          "add_engine", [](FastPath& f, int64_t tid, ChunkEngine& e) { f.add_engine(tid, &e); },
+          py::arg("tid"), py::arg("engine"), py::keep_alive<1, 3>())
+      .def(
+          "set_chains",
+          [](FastPath& f, py::list rows) {
+            std::unordered_map<int64_t, ChainInfo> t;
+            for (auto r : rows) {  // (chain id, chain version, target id or -1, writes, successor)
+              auto row = r.cast<py::tuple>();
+              ChainInfo c;
+              c.ver = row[1].cast<uint64_t>();
+              c.tid = row[2].cast<int64_t>();
+              c.writes = row[3].cast<bool>();
+              c.succ_addr = row[4].cast<std::string>();
+              t[row[0].cast<int64_t>()] = c;
+            }
+            f.set_chains(std::move(t));
+          },
+          py::arg("rows"))
+      .def(
+          "lock",
+          [](FastPath& f, py::bytes key) {
+            std::string k = key;
+            py::gil_scoped_release nogil;
+            f.locks().acquire(k);
+          },
+          py::arg("key"))
+      .def(
+          "unlock", [](FastPath& f, py::bytes key) { f.locks().release(std::string(key)); },
+          py::arg("key"))
+      .def(
+          "serve",
+          [](FastPath& f, int fd, py::bytes key, uint64_t recv_seq, uint64_t send_seq,
+             py::buffer buf) {
+            std::string k = key;
+            if (k.size() != 32) throw py::value_error("key must be 32 bytes");
+            py::buffer_info bi = buf.request(true);
+            RawFrame fr;
+            std::string err;
+            int st;
+            {
+              py::gil_scoped_release nogil;
+              st = f.serve(fd, reinterpret_cast<const uint8_t*>(k.data()), &recv_seq, &send_seq,
+                           static_cast<char*>(bi.ptr), size_t(bi.size * bi.itemsize), &fr, &err);
+            }
+            return py::make_tuple(st, py::bytes(fr.hdr), py::bytes(fr.meta), fr.have_data,
+                                  recv_seq, send_seq, err);
+          },
+          py::arg("fd"), py::arg("key"), py::arg("recv_seq"), py::arg("send_seq"),
+          py::arg("buf"),
+          "(status, header+MAC, meta, payload in buf, recv_seq, send_seq, error): status 0 a "
+          "frame for Python, 1 closed, 2 malformed frame, 3 socket error")
+      .def(
+          "head_write",
+          [](FastPath& f, int64_t tid, int64_t chain, uint64_t chain_ver, py::bytes cid,
+             uint64_t ver, py::buffer data, py::tuple sums, std::string succ_addr) {
+            std::string c = cid;
+            Buf b(data);
+            uint32_t crc = sums[0].cast<uint32_t>();
+            std::string blocks = sums[1].cast<std::string>();
+            if (blocks.size() != 4 * ((b.len + kBlockBytes - 1) / kBlockBytes))
+              throw py::value_error("sums do not match the data");
+            std::string err;
+            int st;
+            {
+              py::gil_scoped_release nogil;
+              st = f.head_write(tid, chain, chain_ver, c, ver, b.ptr, b.len, crc,
+                                reinterpret_cast<const uint32_t*>(blocks.data()), succ_addr, &err);
+            }
+            return py::make_tuple(st, err);
+          },
+          py::arg("tid"), py::arg("chain"), py::arg("chain_ver"), py::arg("chunk_id"),
+          py::arg("ver"), py::arg("data"), py::arg("sums"), py::arg("succ_addr"),
+          "(0, '') done, (1, answer JSON) the successor refused, (2, text) it was unreachable")
+      .def_property_readonly("handled", &FastPath::handled);
 
   py::class_<ChunkEngine>(m, "ChunkEngine")
       .def(py::init<const std::string&, const std::string&, uint64_t, uint32_t>(),

@@ -96,6 +96,7 @@ class ChunkEngine {
   size_t chunk_count();
   void set_crash_point(const std::string& p) { crash_point_ = p; }
   const std::string& root() const { return root_; }
+  uint32_t max_chunk_size() const { return max_chunk_; }
 
  private:
   void recover();

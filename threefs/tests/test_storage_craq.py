@@ -16,7 +16,7 @@ from threefs.storage_client import StorageClient
 SECRET = "craq-test-secret"
 
 
-def make_cluster(tmp_path, capacity=1 << 30):
+def make_cluster(tmp_path, capacity=1 << 30, **node_cfg):
     m_addr = f"127.0.0.1:{free_port()}"
     targets = {"11": "n1", "12": "n2", "13": "n3"}
     mg = Mgmtd({"node_id": "m1", "listen": m_addr, "secret": SECRET,
@@ -28,8 +28,8 @@ def make_cluster(tmp_path, capacity=1 << 30):
         nodes.append(StorageNode({
             "node_id": f"n{i}", "listen": "127.0.0.1:0", "secret": SECRET, "mgmtd": [m_addr],
             "heartbeat_s": 0.1, "max_chunk_size": 1 << 20,
-            "targets": [{"id": 10 + i, "path": str(tmp_path / f"t{i}"), "capacity": capacity}]}
-        ).start())
+            "targets": [{"id": 10 + i, "path": str(tmp_path / f"t{i}"), "capacity": capacity}],
+            **node_cfg}).start())
     rc = rpc.Client(SECRET)
     end = time.time() + 20
     while time.time() < end:

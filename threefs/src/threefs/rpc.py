@@ -309,6 +309,31 @@ class Channel:
             hdr = bytes(_recv_exact(self.sock, HEADER.size + MAC_LEN))
         else:
             hdr = bytes(_recv_exact_fds(self.sock, HEADER.size + MAC_LEN, fds))
+        k, mlen, dlen = self._check_header(hdr, kind)
+        meta = _recv_exact(self.sock, mlen)
+        return self._finish(hdr, k, meta, self._recv_data(dlen, into, reuse), dlen)
+
+    def recv_from(self, hdr: bytes, meta: bytes, have_data: bool):
+        """As recv(0, reuse=True) for a request frame whose header and meta were already read
+        (by the storage node's C++ data path, _C.FastPath.serve, which hands over every frame it
+        does not handle itself), its payload too when have_data (then it is in the reuse
+        buffer). Checked exactly as recv checks it."""
+        k, mlen, dlen = self._check_header(hdr, 0)
+        if len(meta) != mlen:
+            raise ProtocolError("meta length does not match the header")
+        if have_data:
+            data = self._rbuf[:dlen] if dlen else None
+        else:
+            data = self._recv_data(dlen, None, True)
+        return self._finish(hdr, k, meta, data, dlen)
+
+    def reuse_buffer(self, n: int = 1 << 20) -> memoryview:
+        """The channel's receive buffer (see recv(reuse=True)), at least n bytes."""
+        if self._rbuf is None or self._rbuf.nbytes < n:
+            self._rbuf = memoryview(bytearray(max(n, 1 << 20)))
+        return self._rbuf
+
+    def _check_header(self, hdr: bytes, kind: int):
         magic, ver, k, seq, mlen, dlen = HEADER.unpack_from(hdr)
         if magic != b"3F" or ver != 1:
             raise ProtocolError(f"bad magic/version {magic!r}/{ver}")
@@ -318,16 +343,19 @@ class Channel:
             raise ProtocolError(f"frame too large: meta {mlen}, data {dlen}")
         if seq != self.recv_seq:
             raise ProtocolError(f"sequence number {seq}, expected {self.recv_seq}")
-        meta = _recv_exact(self.sock, mlen)
+        return k, mlen, dlen
+
+    def _recv_data(self, dlen: int, into, reuse: bool):
         if dlen and reuse:
-            if self._rbuf is None or self._rbuf.nbytes < dlen:
-                self._rbuf = memoryview(bytearray(max(dlen, 1 << 20)))
-            into = self._rbuf
+            into = self.reuse_buffer(dlen)
         if dlen and into is not None and dlen <= into.nbytes:
             data = into[:dlen]
             _recv_into(self.sock, data)
-        else:
-            data = _recv_exact(self.sock, dlen) if dlen else None
+            return data
+        return _recv_exact(self.sock, dlen) if dlen else None
+
+    def _finish(self, hdr: bytes, k: int, meta, data, dlen: int):
+        """Check the frame MAC (and a kind-2/3 payload's CRC32C); decode the meta."""
         want = _mac(self.key, hdr[:HEADER.size], meta, [data] if data and k < 2 else [],
                     self.flags)
         if not hmac.compare_digest(want, hdr[HEADER.size:]):
@@ -473,6 +501,9 @@ class Server(Listener):
         self._listen(sock, 256)
         self.addr = f"{host}:{self.sock.getsockname()[1]}"
         self.stats = {"rejected": 0, "requests": 0}
+        # a _C.FastPath whose serve() runs each connection's request loop (the storage node's
+        # C++ full-chunk write path); None: every frame is received and handled here
+        self.fast = None
 
     def _accepted(self, s: socket.socket):
         tune_socket(s)
@@ -485,9 +516,21 @@ class Server(Listener):
             s.settimeout(10)
             ch = Channel(s, *server_handshake(s, self.secret, self.flags))
             s.settimeout(None)
+            fast = self.fast
             while not self._stop:
                 try:
-                    meta, data = ch.recv(0, reuse=True)
+                    if fast is None:
+                        meta, data = ch.recv(0, reuse=True)
+                    else:  # frames the C++ data path does not handle itself come back here
+                        st, hdr, mb, have, ch.recv_seq, ch.send_seq, err = fast.serve(
+                            s.fileno(), ch.key, ch.recv_seq, ch.send_seq, ch.reuse_buffer())
+                        if st == 1:
+                            return
+                        if st == 2:
+                            raise ProtocolError(err)
+                        if st == 3:
+                            raise OSError(err)
+                        meta, data = ch.recv_from(hdr, mb, have)
                 except ProtocolError as e:
                     if "closed after 0 of" not in str(e):
                         self.stats["rejected"] += 1

@@ -9,53 +9,33 @@ copies the chunks whose metadata differ, then reports sync done.
 """
 from __future__ import annotations
 
+import json
 import os
+import struct
 import threading
 import time
 
-from . import rpc, shortcircuit
+from . import _C, rpc, shortcircuit
 from .chunk import (ChecksumError, ChunkEngine, VersionError, crc32c, crc32c_sums, inode_prefix,
                     split_chunk_id)
 from .common import MgmtdClient, setup_logging
 from .routing import Routing
 
 
-class LockTable:
-    """One lock per key, created on demand and dropped when unused."""
+class _ChunkLock:
+    """`with node.locks((tid, cid)):` - the per-chunk lock, in the table of the C++ data path
+    (_C.FastPath), which takes the same locks for the forwards it handles."""
 
-    def __init__(self):
-        self._mu = threading.Lock()
-        self._locks: dict = {}
+    __slots__ = ("fp", "key")
 
-    def __call__(self, key):
-        return _Held(self, key)
-
-    def acquire(self, key):
-        with self._mu:
-            ent = self._locks.get(key)
-            if ent is None:
-                ent = self._locks[key] = [threading.Lock(), 0]
-            ent[1] += 1
-        ent[0].acquire()
-
-    def release(self, key):
-        with self._mu:
-            ent = self._locks[key]
-            ent[0].release()
-            ent[1] -= 1
-            if ent[1] == 0:
-                del self._locks[key]
-
-
-class _Held:
-    def __init__(self, table, key):
-        self.table, self.key = table, key
+    def __init__(self, fp, key):
+        self.fp, self.key = fp, struct.pack("<q", key[0]) + key[1]
 
     def __enter__(self):
-        self.table.acquire(self.key)
+        self.fp.lock(self.key)
 
     def __exit__(self, *exc):
-        self.table.release(self.key)
+        self.fp.unlock(self.key)
 
 
 def _meta_tuple(cid: bytes, m: dict) -> list:
@@ -82,8 +62,18 @@ class StorageNode:
         # in the MACed meta, rpc.py) unless fwd_payload_mac = true asks for the payload MAC
         self.fwd_mac = bool(cfg.get("fwd_payload_mac", False))
         self.mgmtd = MgmtdClient(cfg["mgmtd"], self.rpc)
-        self.locks = LockTable()
+        # the C++ full-chunk write path (fastpath.h): it serves the ordinary full-chunk forwards
+        # of every connection and the head's forward of a full-chunk write; the per-chunk locks
+        # live in its table. fast_path = false (or fwd_payload_mac, whose forwards it does not
+        # send) leaves every request to Python.
+        self.fp = _C.FastPath(rpc._secret_bytes(cfg["secret"]))
+        for tid, eng in self.engines.items():
+            self.fp.add_engine(tid, eng._e)
+        self.fast = bool(cfg.get("fast_path", True)) and not self.fwd_mac
+        self.locks = lambda key: _ChunkLock(self.fp, key)
         self.server = rpc.Server(cfg["listen"], cfg["secret"], self.handle, name="storage")
+        if self.fast:
+            self.server.fast = self.fp
         self.addr = self.server.addr
         # short-circuit reads for clients on this host (shortcircuit.py); short_circuit = false
         # in the config turns them off (those clients then read over TCP)
@@ -116,6 +106,22 @@ class StorageNode:
                         self.local[tid] = "uptodate"
                     else:
                         self.local[tid] = "online"
+            self.fp.set_chains(self._fast_chains(r))
+
+    def _fast_chains(self, r: Routing) -> list:
+        """Rows (chain, version, my target or -1, takes writes, successor address or "") of the
+        C++ data path's chain table; a chain whose successor has no address takes no writes
+        there (Python answers those)."""
+        rows = []
+        for cid, c in r.chains.items():
+            tid = next((t["id"] for t in c["targets"] if t["id"] in self.engines), -1)
+            wl = [t["id"] for t in Routing.write_list(c)]
+            writes, succ = tid in wl, ""
+            if writes and wl.index(tid) + 1 < len(wl):
+                succ = r.addr_of(wl[wl.index(tid) + 1]) or ""
+                writes = bool(succ)
+            rows.append((cid, int(c["ver"]), tid, writes, succ))
+        return rows
 
     def _heartbeat(self):
         space = {str(t): [e.used_bytes(), e.capacity_bytes()] for t, e in self.engines.items()}
@@ -239,7 +245,10 @@ class StorageNode:
             # copy-on-write and the forwarding down the chain run at the same time
             whole = off == 0 and trunc < 0 and len(d) > 0 and len(d) >= base
             try:
-                if whole and self._successor(chain, tid)[0] is not None:
+                succ = self._successor(chain, tid)[0] if whole else None
+                if succ is not None and self.fast and len(d) <= eng.max_chunk_size:
+                    self._head_write_fast(tid, chain, cid, ver, d, succ)
+                elif succ is not None:
                     sums = crc32c_sums(d)  # one pass: the forward's CRC and the engine's sums
                     crc = sums[0]
                     self._local_and_forward(
@@ -256,6 +265,21 @@ class StorageNode:
                 raise rpc.RpcError("RETRY", f"successor unreachable: {e}")
             eng.commit(cid, ver)
         return {"ver": ver}, None
+
+    def _head_write_fast(self, tid, chain, cid, ver, d, succ):
+        """_local_and_forward of a full-chunk write in C++ (GIL released): forward, local
+        pending version, the successor's ack. Raises as the Python path does."""
+        addr = self.routing.addr_of(succ["id"])
+        if addr is None:
+            raise ConnectionError(f"no address for target {succ['id']}")
+        st, text = self.fp.head_write(tid, chain["id"], chain["ver"], cid, ver, d,
+                                      crc32c_sums(d), addr)
+        if st == 2:
+            raise ConnectionError(f"rpc fwd to {addr} failed: {text}")
+        if st == 1:
+            res = json.loads(text)
+            raise rpc.RpcError(res["err"], res.get("msg", ""),
+                               **{k: v for k, v in res.items() if k not in ("err", "msg")})
 
     def _fwd(self, args, data):
         tid, chain = self._my(args)
@@ -537,7 +561,8 @@ class StorageNode:
     def _space(self, args, data):
         return {"targets": {str(t): [e.used_bytes(), e.capacity_bytes(), e.chunk_count()]
                             for t, e in self.engines.items()},
-                "local": {str(t): s for t, s in self.local.items()}, "stats": self.stats}, None
+                "local": {str(t): s for t, s in self.local.items()},
+                "stats": {**self.stats, "fast_fwds": self.fp.handled}}, None
 
     HANDLERS = {"write": _write, "fwd": _fwd, "read": _read, "batch_read": _batch_read,
                 "get_chunk": _get_chunk, "meta_list": _meta_list, "sync_put": _sync_put,
