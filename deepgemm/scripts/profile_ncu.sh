@@ -19,5 +19,7 @@ export PYTHONUNBUFFERED=1 DEEPGEMM_CACHE_DIR=/tmp/dgcache
     --export "$OUT/ncu" --force-overwrite \
     python3 deepgemm/scripts/profile_gemm.py --shapes "$SHAPES"
   echo "ncu rc=$?"
+  # --export keeps the details out of the console: print them from the report
+  ncu --import "$OUT/ncu.ncu-rep" --page details --print-units base
 } > "$OUT/ncu.log" 2>&1
 tail -150 "$OUT/ncu.log"

@@ -1,11 +1,12 @@
 """Time FP8 GEMMs under forced block sizes (DEEPGEMM_BLOCKS) and multicast on/off, beside the cost model's
 choice, to see where the model leaves speed on the table. GPU only; one device call:
 
-    python deepgemm/scripts/tune_blocks.py [--budget 420] [--json PATH]
+    python deepgemm/scripts/tune_blocks.py [--budget 420] [--json PATH] [--shapes L:M:N:K:G,...] [--blocks BMxBN,...]
 
 Shapes, most important first (the run stops at --budget seconds, keeping what it measured): the six
 DeepSeek-V3 (N, K) pairs at M = 4096, 128 and 64, then masked 8 x 64 and 32 x 32 at (4096, 7168) and
-(7168, 2048). Each configuration is checked against the reference before it is timed (diff < 1e-5).
+(7168, 2048); --shapes replaces them (L: dense or masked, M per group, G groups) and --blocks the
+forced block sizes (default: every BM x BN of BMS x BNS). Each configuration is checked against the reference before it is timed (diff < 1e-5).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; stops between configurations")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--shapes", default=None, help="L:M:N:K:G,... (L = dense or masked)")
+    ap.add_argument("--blocks", default=None, help="BMxBN,... to force (default: BMS x BNS)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("tune_blocks: needs a CUDA device")
@@ -43,6 +46,10 @@ def main():
     t0 = time.time()
     shapes = [("dense", m, n, k, 1) for m in (4096, 128, 64) for n, k in DENSE_NK]
     shapes += [("masked", mg, n, k, g) for n, k in [(4096, 7168), (7168, 2048)] for g, mg in [(8, 64), (32, 32)]]
+    if args.shapes:
+        shapes = [(f[0], *map(int, f[1:])) for f in (s.split(":") for s in args.shapes.split(","))]
+    blocks = ([tuple(map(int, b.lower().split("x"))) for b in args.blocks.split(",")] if args.blocks
+              else list(itertools.product(BMS, BNS)))
     results = []
     for layout, m, n, k, g in shapes:
         for var in ("DEEPGEMM_BLOCKS", "DEEPGEMM_MULTICAST"):
@@ -51,7 +58,7 @@ def main():
         cfg = kernels.make_config(layout, True, d, None, n, k, m, g)
         res = {"layout": layout, "m": m, "n": n, "k": k, "groups": g,
                "model": f"{cfg.bm}x{cfg.bn}", "model_tflops": measure(layout, m, n, k, g), "tried": {}}
-        for bm, bn, mc in itertools.product(BMS, BNS, os.environ.get("TUNE_MULTICAST", "0,1").split(",")):
+        for (bm, bn), mc in itertools.product(blocks, os.environ.get("TUNE_MULTICAST", "0,1").split(",")):
             if time.time() - t0 > args.budget:
                 break
             os.environ["DEEPGEMM_BLOCKS"], os.environ["DEEPGEMM_MULTICAST"] = f"{bm}x{bn}", mc

@@ -134,7 +134,9 @@ def test_tma_store_config(monkeypatch):
     assert kernels.make_config("contiguous", True, D, None, 4096, 7168, 32768, 1).tstore == 0
     assert kernels.make_config("masked", True, D, None, 4096, 7168, 256, 4).tstore == 0
     assert kernels.make_config("dense", True, torch.empty(1, 1), None, 7168, 2048, 4096, 1).tstore == 0
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x112")
     assert kernels.make_config("dense", True, D, None, 2112, 7168, 4096, 1).tstore == 0  # BN = 112
+    monkeypatch.delenv("DEEPGEMM_BLOCKS")
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", "direct")
     assert kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1).tstore == 0
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
@@ -267,3 +269,22 @@ def test_rs_ldmatrix_addresses_match_wgmma_fragment():
                         row = wrow * 64 + 16 * w + lane // 4 + 8 * (i % 2)
                         k0 = 32 * kk + 4 * (lane % 4) + 16 * (i // 2)
                         assert got == tile[row][k0:k0 + 4], (wrow, w, kk, lane, i)
+
+
+def test_straddling_widths_cost_more_at_large_m():
+    """Widths that cross B's 128-column scale blocks pay STRADDLE_COST at M > 128 only: the H200 tune run's
+    128 x 128 at M = 4096 N = 2112 (1.11x the 128 x 112 the model picked before), and the small-M picks stay."""
+    assert [bn for bn in (16, 32, 56, 64, 96, 112, 128, 256) if kernels.straddles(bn)] == [56, 96, 112]
+    assert kernels.tile_cost(128, 112, True) == 128 * 112 * kernels.STRADDLE_COST
+    assert kernels.tile_cost(128, 112) == (128 + 112) * 64  # load-bound without the penalty
+    assert kernels.tile_cost(128, 128, True) == kernels.tile_cost(128, 128)
+    assert kernels.choose_blocks(4096, 2112, 1, 132, bn256=True) == (128, 128)
+    assert kernels.choose_blocks(256, 7168, 1, 132, bn256=True) == (128, 128)  # masked 1 x 256 (was 128 x 112)
+    assert kernels.choose_blocks(128, 7168, 1, 132) == (64, 112)  # M <= 128: unchanged
+
+
+def test_ties_prefer_the_wider_tile():
+    """Same cost and tile count: 64 x 128 (K split over two warpgroups) over 128 x 64, e.g. one masked group of
+    256 rows at N = 4096 (128 tiles either way)."""
+    assert kernels.choose_blocks(256, 4096, 1, 132, bn256=True) == (64, 128)
+    assert kernels.tile_cost(64, 128) == kernels.tile_cost(128, 64)

@@ -20,5 +20,7 @@ export PYTHONUNBUFFERED=1
     --export "$OUT/ncu" --force-overwrite \
     python3 flashmla/benchmarks/profile_decode.py --cases "$CASES"
   echo "ncu rc=$?"
+  # --export keeps the details out of the console: print them from the report
+  ncu --import "$OUT/ncu.ncu-rep" --page details --print-units base
 } > "$OUT/ncu.log" 2>&1
 tail -150 "$OUT/ncu.log"

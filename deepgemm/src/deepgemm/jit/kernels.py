@@ -45,6 +45,12 @@ MULTICAST_DEFAULT = "0"
 # per K block feeds both halves' WGMMAs). On (1) by default: H200 2026-11-29, +9 to +26 % on the M = 4096 shapes
 # that switch (BENCHMARKS.md); 2 measured no faster than 1 and spills in one staged configuration.
 BN256_DEFAULT = "1"
+# Per-FLOP tensor-core cost of a tile width that straddles B's 128-column scale blocks (112, 96, 56, ...) at
+# M > SMALL_M. H200 tune run (BENCHMARKS.md, session 11: tune_f703b0b.json): at M = 4096, 128 x 112 and
+# 128 x 96 tiles ran at 0.83-0.92x and 0.77-0.78x the per-FLOP rate of 128 x 128 (the model without this
+# said 0.93 and 0.86), which made it pick 128 x 112 at N = 2112 where 128 x 128 measured 1.11x faster.
+# Not applied at M <= 128, where those runs differ by less than their noise.
+STRADDLE_COST = 1.2
 BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes per FLOP: 144.5 / 161)
 # Dense BF16 output, staged epilogue, BN a multiple of 64: the tile leaves through TMA stores of swizzled
 # 64 x 64 boxes (no LDS/STG copy-out; the warpgroups start the next tile while the TMA engine writes);
@@ -149,11 +155,20 @@ def stages_ok_for_ksplit(stages: int) -> bool:
     return stages % 2 == 0
 
 
-def tile_cost(bm: int, bn: int) -> float:
+def straddles(bn: int) -> bool:
+    """Whether tiles BN wide cross the 128-column blocks of B's scales (so that each promotion picks one of
+    two scales per column): every width that neither divides 128 nor is a multiple of it."""
+    return bool(128 % bn and bn % 128)
+
+
+def tile_cost(bm: int, bn: int, compute_bound: bool = False) -> float:
     """Relative time of one 128-wide K block of a tile on one SM: the larger of the tensor-core
     work (a single consumer warpgroup, BM = 64, idles while it rescales: x1.5) and the bytes
-    streamed in (64 units per row of A or B: balances a 128x128 tile)."""
+    streamed in (64 units per row of A or B: balances a 128x128 tile). compute_bound (M > SMALL_M):
+    widths that straddle B's scale blocks cost STRADDLE_COST more tensor-core time per FLOP."""
     mma = bm * bn * (1.5 if bm == 64 else BN256_COST if bn > 128 else 1.0)
+    if compute_bound and straddles(bn):
+        mma *= STRADDLE_COST
     load = (bm + bn) * 64.0
     return max(mma, load)
 
@@ -228,9 +243,11 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
         wide = (BLOCK_N_FP8_WIDE,) if fp8 and bn256 and bm == 128 and m > SMALL_M else ()
         for bn in bns + wide:
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
-            cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn)
-            # tie-break: fewer tiles (less re-reading of A and B)
-            cand = (cost, tiles, -bm, -bn)
+            cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn, m > SMALL_M)
+            # tie-breaks: fewer tiles (less re-reading of A and B), then the wider BN: 64 x 128 over 128 x 64
+            # (FP8 BM = 64 splits K between its two warpgroups, which then read 25 % fewer shared-memory bytes
+            # per FLOP than 128 x 64's; H200, masked 1 x 256 x 4096 x 7168: 1.29x)
+            cand = (cost, tiles, -bn, -bm)
             if best is None or cand < best[0]:
                 best = (cand, bm, bn)
     return best[1], best[2]

@@ -433,6 +433,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     const float* nrow = sfb_row0;
     int nstep = 0;
     if (FP8 && have_next) sfb_tile(nn_blk, ng, nrow, nstep);
+    auto advance = [&] {  // on to the next tile (and its B scale rows / split-K slice)
+      have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
+      sfb_row0 = nrow; sfb_step = nstep;
+      if constexpr (SPLITK) slice = nslice;
+    };
     const int boundary = 128 - (n_blk * BN) % 128;  // tile-local columns >= boundary use the 2nd scale
     float acc[BN / 2];
 #pragma unroll
@@ -624,9 +629,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 
     // epilogue: rows/cols bounds-checked (N % 8 == 0 is required on the host)
     if (KSPLIT && wg == 1) {
-      have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
-      sfb_row0 = nrow; sfb_step = nstep;
-      if constexpr (SPLITK) slice = nslice;
+      advance();
       continue;
     }
     if constexpr (SPLITK) {
@@ -646,8 +649,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         __threadfence();
       }
       if (!bar_red_or(5, ET, last)) {  // not the last unit of the tile: nothing more to do for it
-        have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
-        sfb_row0 = nrow; sfb_step = nstep; slice = nslice;
+        advance();
         continue;
       }
 #pragma unroll
@@ -757,9 +759,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         }
       }
     }
-    have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
-    sfb_row0 = nrow; sfb_step = nstep;
-    if constexpr (SPLITK) slice = nslice;
+    advance();
   }
   if constexpr (TSTORE) {
     if (tid % 128 == 0) bulk_wait_all();  // the CTA's shared memory must outlive its TMA stores
