@@ -19,23 +19,39 @@ constexpr int MAX_PARTS = 1024;
 // Every segment costs c pages beside its own (ref.schedule_ref, same integers).
 // Greedy fill of the parts in request order up to a budget of pages + c per segment; the budget is
 // the smallest that places every request, one of the 2c + 2 candidates from max(ceil(T/P), c) on
-// (T = sum of pages + c), each tested by its own thread; thread 0 then writes the schedule.
+// (T = sum of pages + c), each tested by its own thread (WRITE = false); thread 0 then writes the
+// schedule with the same walk (WRITE = true).
 __device__ __forceinline__ int pages_of(const int* seqlens, int b) { return (max(seqlens[b], 0) + 63) / 64; }
 
-__device__ bool fill_fits(const int* seqlens, int batch, int parts, int c, int budget) {
-  int b = 0, k = 0;
-  for (int p = 0; p < parts && b < batch; ++p) {
+// Returns whether every request was placed; WRITE: fills meta (every part) and num_splits.
+template <bool WRITE>
+__device__ bool greedy_fill(const int* seqlens, int batch, int parts, int c, int budget, int* meta, int* num_splits) {
+  int b = 0, k = 0, seg = 0, pre = 0;  // position, segments of b so far, splits prefix of b
+  if (WRITE) num_splits[0] = 0;
+  for (int p = 0; p < parts && (WRITE || b < batch); ++p) {
+    const int b0 = b, k0 = k, first = pre + seg;
     int room = budget;
     while (b < batch) {
       const int need = pages_of(seqlens, b) - k + c;
-      if (room >= need) {
+      if (room >= need) {  // the rest of request b: its last segment
         room -= need;
+        pre += seg + 1;
         ++b;
+        if (WRITE) num_splits[b] = pre;
         k = 0;
+        seg = 0;
       } else {
-        if (room - c >= 1) k += room - c;
+        if (room - c >= 1) {  // a piece of b
+          k += room - c;
+          ++seg;
+        }
         break;
       }
+    }
+    if (WRITE) {
+      int* row = meta + p * 8;
+      row[0] = b0; row[1] = k0; row[2] = b; row[3] = k;
+      row[4] = (b0 == b && k0 == k) ? 0 : first; row[5] = 0; row[6] = 0; row[7] = 0;
     }
   }
   return b == batch;
@@ -56,36 +72,10 @@ __global__ void __launch_bounds__(THREADS) mla_metadata_segments_kernel(const in
   atomicAdd(reinterpret_cast<unsigned long long*>(&total_s), static_cast<unsigned long long>(part));
   __syncthreads();
   const long long lo = max((total_s + parts - 1) / parts, static_cast<long long>(c));
-  if (tid < 2 * c + 2 && fill_fits(seqlens, batch, parts, c, static_cast<int>(lo) + tid))
+  if (tid < 2 * c + 2 && greedy_fill<false>(seqlens, batch, parts, c, static_cast<int>(lo) + tid, nullptr, nullptr))
     atomicMin(&budget_s, static_cast<int>(lo) + tid);
   __syncthreads();
-  if (tid != 0) return;
-  const int budget = budget_s;  // always found: lo + 2c fits (see ref.segment_budget)
-  int b = 0, k = 0, seg = 0, pre = 0;  // position, segments of b so far, splits prefix of b
-  num_splits[0] = 0;
-  for (int p = 0; p < parts; ++p) {
-    const int b0 = b, k0 = k, first = pre + seg;
-    int room = budget;
-    while (b < batch) {
-      const int need = pages_of(seqlens, b) - k + c;
-      if (room >= need) {  // the rest of request b: its last segment
-        room -= need;
-        pre += seg + 1;
-        num_splits[++b] = pre;
-        k = 0;
-        seg = 0;
-      } else {
-        if (room - c >= 1) {  // a piece of b
-          k += room - c;
-          ++seg;
-        }
-        break;
-      }
-    }
-    int* row = meta + p * 8;
-    row[0] = b0; row[1] = k0; row[2] = b; row[3] = k;
-    row[4] = (b0 == b && k0 == k) ? 0 : first; row[5] = 0; row[6] = 0; row[7] = 0;
-  }
+  if (tid == 0) greedy_fill<true>(seqlens, batch, parts, c, budget_s, meta, num_splits);  // lo + 2c always fits
 }
 
 }  // namespace
