@@ -147,6 +147,22 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the C++ data path (tests compare it)");
 
+  m.def("gmac_available", &gmac_available, "libcrypto found for the C++ AES-GMAC");
+  m.def(
+      "gmac",
+      [](py::bytes key, py::bytes nonce, py::buffer data) -> py::object {
+        std::string k = key, n = nonce;
+        if (k.size() != 16 || n.size() != 12) throw py::value_error("key 16 and nonce 12 bytes");
+        Buf b(data);
+        uint8_t tag[16];
+        if (!gmac(reinterpret_cast<const uint8_t*>(k.data()),
+                  reinterpret_cast<const uint8_t*>(n.data()), b.ptr, b.len, tag))
+          return py::none();
+        return py::bytes(reinterpret_cast<const char*>(tag), 16);
+      },
+      py::arg("key"), py::arg("nonce"), py::arg("data"),
+      "AES-128-GMAC tag of data (the C++ data path's), None without libcrypto");
+
   py::class_<FastPath>(m, "FastPath", "The storage node's C++ full-chunk write path (fastpath.h)")
       .def(py::init([](py::bytes secret) { return new FastPath(std::string(secret)); }),
            py::arg("secret"))
@@ -157,13 +173,14 @@ PYBIND11_MODULE(_C, m) {
           "set_chains",
           [](FastPath& f, py::list rows) {
             std::unordered_map<int64_t, ChainInfo> t;
-            for (auto r : rows) {  // (chain id, chain version, target id or -1, writes, successor)
+            for (auto r : rows) {  // (chain id, chain version, target id or -1, writes, successor, head)
               auto row = r.cast<py::tuple>();
               ChainInfo c;
               c.ver = row[1].cast<uint64_t>();
               c.tid = row[2].cast<int64_t>();
               c.writes = row[3].cast<bool>();
               c.succ_addr = row[4].cast<std::string>();
+              c.head = row[5].cast<bool>();
               t[row[0].cast<int64_t>()] = c;
             }
             f.set_chains(std::move(t));
@@ -182,8 +199,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("key"))
       .def(
           "serve",
-          [](FastPath& f, int fd, py::bytes key, uint64_t recv_seq, uint64_t send_seq,
-             py::buffer buf) {
+          [](FastPath& f, int fd, py::bytes key, int flags, uint64_t recv_seq,
+             uint64_t send_seq, py::buffer buf) {
             std::string k = key;
             if (k.size() != 32) throw py::value_error("key must be 32 bytes");
             py::buffer_info bi = buf.request(true);
@@ -192,13 +209,15 @@ PYBIND11_MODULE(_C, m) {
             int st;
             {
               py::gil_scoped_release nogil;
-              st = f.serve(fd, reinterpret_cast<const uint8_t*>(k.data()), &recv_seq, &send_seq,
+              st = f.serve(fd, reinterpret_cast<const uint8_t*>(k.data()), flags, &recv_seq,
+                           &send_seq,
                            static_cast<char*>(bi.ptr), size_t(bi.size * bi.itemsize), &fr, &err);
             }
             return py::make_tuple(st, py::bytes(fr.hdr), py::bytes(fr.meta), fr.have_data,
                                   recv_seq, send_seq, err);
           },
-          py::arg("fd"), py::arg("key"), py::arg("recv_seq"), py::arg("send_seq"),
+          py::arg("fd"), py::arg("key"), py::arg("flags"), py::arg("recv_seq"),
+          py::arg("send_seq"),
           py::arg("buf"),
           "(status, header+MAC, meta, payload in buf, recv_seq, send_seq, error): status 0 a "
           "frame for Python, 1 closed, 2 malformed frame, 3 socket error")

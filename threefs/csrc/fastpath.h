@@ -54,6 +54,7 @@ struct ChainInfo {
   uint64_t ver = 0;
   int64_t tid = -1;          // this node's target on the chain, -1: none
   bool writes = false;       // the target is in the write list (and a successor, if any, has an address)
+  bool head = false;         // ... and first in it
   std::string succ_addr;     // "host:port" of the successor, "" for the tail
 };
 
@@ -63,6 +64,12 @@ struct RawFrame {
   std::string hdr, meta;
   bool have_data = false;
 };
+
+// AES-128-GMAC (AES-GCM with only associated data) through the system's libcrypto, loaded at
+// run time (no build dependency); false when it is not there (then Python checks those frames).
+bool gmac_available();
+bool gmac(const uint8_t key[16], const uint8_t nonce[12], const void* data, size_t len,
+          uint8_t tag[16]);
 
 class FastPath {
  public:
@@ -74,8 +81,10 @@ class FastPath {
 
   // Serve a connection until a frame for Python (returns 0, *out set), a clean close at a frame
   // boundary (1), a malformed frame (2, *err), or a socket error (3, *err).
-  int serve(int fd, const uint8_t key[32], uint64_t* recv_seq, uint64_t* send_seq, char* buf,
-            size_t buf_len, RawFrame* out, std::string* err);
+  // flags: the connection's payload MAC (rpc.py); with AES-GMAC (2) and libcrypto at hand, full-
+  // chunk client writes to a chain head are handled here too (StorageNode._write).
+  int serve(int fd, const uint8_t key[32], int flags, uint64_t* recv_seq, uint64_t* send_seq,
+            char* buf, size_t buf_len, RawFrame* out, std::string* err);
   // The head's forward + local update + ack of a full chunk. Returns 0 (done), 1 (*err holds
   // the successor's error answer, JSON), 2 (*err: the successor could not be reached or broke
   // the protocol). Local update errors are thrown (after dropping the forward).
@@ -87,6 +96,9 @@ class FastPath {
  private:
   int try_fwd(int fd, const uint8_t key[32], const uint8_t* hdr, const std::string& meta,
               const char* data, size_t len, uint64_t* recv_seq, uint64_t* send_seq);
+  int try_write(int fd, const uint8_t key[32], const uint8_t gkey[16], const uint8_t* hdr,
+                const std::string& meta, const char* data, size_t len, uint64_t* recv_seq,
+                uint64_t* send_seq);
   bool get_conn(const std::string& addr, Conn* c, std::string* err);
   void put_conn(const std::string& addr, Conn c);
   // forward (kind 3) then local(), then the successor's answer: 0 ok, 1 answer err, 2 conn err

@@ -523,7 +523,8 @@ class Server(Listener):
                         meta, data = ch.recv(0, reuse=True)
                     else:  # frames the C++ data path does not handle itself come back here
                         st, hdr, mb, have, ch.recv_seq, ch.send_seq, err = fast.serve(
-                            s.fileno(), ch.key, ch.recv_seq, ch.send_seq, ch.reuse_buffer())
+                            s.fileno(), ch.key, ch.flags, ch.recv_seq, ch.send_seq,
+                            ch.reuse_buffer())
                         if st == 1:
                             return
                         if st == 2:

@@ -109,9 +109,9 @@ class StorageNode:
             self.fp.set_chains(self._fast_chains(r))
 
     def _fast_chains(self, r: Routing) -> list:
-        """Rows (chain, version, my target or -1, takes writes, successor address or "") of the
-        C++ data path's chain table; a chain whose successor has no address takes no writes
-        there (Python answers those)."""
+        """Rows (chain, version, my target or -1, takes writes, successor address or "", is
+        the head) of the C++ data path's chain table; a chain whose successor has no address
+        takes no writes there (Python answers those)."""
         rows = []
         for cid, c in r.chains.items():
             tid = next((t["id"] for t in c["targets"] if t["id"] in self.engines), -1)
@@ -120,7 +120,7 @@ class StorageNode:
             if writes and wl.index(tid) + 1 < len(wl):
                 succ = r.addr_of(wl[wl.index(tid) + 1]) or ""
                 writes = bool(succ)
-            rows.append((cid, int(c["ver"]), tid, writes, succ))
+            rows.append((cid, int(c["ver"]), tid, writes, succ, bool(wl) and wl[0] == tid))
         return rows
 
     def _heartbeat(self):
