@@ -9,23 +9,29 @@
 //       bf16 already, straight into slab 8 of the page stage (tensor map over rows of 328 bf16 =
 //       656 bytes, box at column 264, 128B swizzle), so S reads them like the BF16 kernel does;
 //       plus cp.async.bulk.prefetch.L2 of the raw page PF pages ahead.
-//     all 128 threads: the NoPE bytes and scales with 16-byte ld.global (hits L2 after the
-//       prefetch), e4m3 -> f16 (exact) -> f32, times the tile's fp32 scale, rounded once to bf16
-//       (as the default kernel and dequantize_kvcache do), stored 128B-swizzled into slabs 0..7
-//       of the stage. Token rows past the request's length are written as zeros (never loaded).
-//       Each thread handles one 16-byte chunk of 16 tokens (r0 + 4i), in batches of 4 with two
-//       batches in flight (the first two are loaded before waiting for the stage to be free).
+//     thread 0, once the stage is free (empty[s]): TMA of the page's 512 NoPE bytes per token as two
+//       unswizzled boxes of 256 bytes x 64 tokens (16 KiB each, tensor map of uint8 over the same
+//       656-byte rows) into the stage itself, box bx in slabs raw_slab(bx) = 4 + 2 bx, raw_full[s]
+//       completing on its expect_tx + the 32 KiB.
+//     all 128 threads: their 16 scales with ld.global (L2 after the prefetch) while the boxes
+//       arrive, then per 16-byte raw chunk: e4m3 -> f16 (exact) -> f32, times the tile's fp32
+//       scale, rounded once to bf16 (as the default kernel and dequantize_kvcache do), stored
+//       128B-swizzled into slabs 0..7. Box 0 (slabs 4-5) becomes slabs 0-3 straight away; box 1
+//       (slabs 6-7) becomes slabs 4-7, over both boxes' raw bytes, so every thread first reads all
+//       its box-1 chunks into registers and the warpgroup syncs (named barrier BAR_PRODUCER) before
+//       any of those stores. Token rows past the request's length are written as zeros.
+//       Thread -> (chunk cb of a box, tokens r0 + 8i, i = 0..7), see the kernel.
 //     full[s] completes on 129 arrivals (thread 0's expect_tx + all 128 after their stores and a
 //       proxy fence) plus the 8 KiB of RoPE bytes; empty[s] as in the BF16 kernel (256 consumer
 //       threads after their P V).
 //   WG1, WG2: unchanged consumers (run_consumers<false>: no tail zeroing, the producer did it).
-// Why no TMA ring of raw FP8 pages: Q (72 KiB) + two bf16 page stages (2 x 72 KiB) + P_lo (8 KiB)
-// leave ~5 KiB of the 227 KiB, and one raw page is 41 KiB; one bf16 stage instead would serialise
-// the dequantisation of page t+1 behind the P V of page t. Registers instead of a raw ring:
-// loads in flight per SM = 128 threads x 2 batches x 4 x 16 B = 16 KiB.
-// Shared memory (same layout as the BF16 kernel, 231,232 bytes with the 1 KiB alignment slack):
+// Why the raw bytes land in the stage: Q (72 KiB) + two bf16 page stages (2 x 72 KiB) + P_lo (8 KiB)
+// leave under 1 KiB of the 227 KiB, so there is no room for a ring of raw pages; the stage's own
+// slabs 4-7 hold the 32 KiB of raw NoPE until they are dequantised over. (Before: 16-byte ld.global
+// into registers, 16 KiB in flight per SM: 0.51-0.78x the BF16 cache; now 0.72-0.80x, H200.)
+// Shared memory (same layout as the BF16 kernel, 231,488 bytes with the 1 KiB alignment slack):
 //   [0, 72 KiB) Q | 2 x 72 KiB stages (slabs 0-7 dequantised NoPE = V, slab 8 RoPE, then P_hi)
-//   | 8 KiB P_lo | 64 B mbarriers | 768 B row scales, 1/l.
+//   | 8 KiB P_lo | 64 B mbarriers (raw_full[2] at 48, 56) | 1 KiB row scales, 1/l.
 #include "wgmma_common.cuh"
 
 #include <cuda_fp8.h>
@@ -36,15 +42,20 @@ namespace {
 constexpr int FP8_TOKEN = 656, FP8_PAGE = PAGE * FP8_TOKEN;  // bytes per token / per page
 constexpr int ROPE_COL = (D_V + 16) / 2;                       // RoPE start in bf16 units of a token row (264)
 constexpr int PF = 4;                                          // L2 prefetch distance in pages
+// raw NoPE bytes of a page: two TMA boxes of 256 columns x 64 tokens (16 KiB each, unswizzled), box bx
+// landing in slabs raw_slab(bx), raw_slab(bx) + 1 of the stage they are dequantised into
+constexpr int RAW_BOX = 256 * PAGE;
+__device__ __forceinline__ int raw_slab(int bx) { return 4 + 2 * bx; }
+constexpr int RAW_FULL = 48;        // raw_full[s] mbarriers at uBar + 48 + 8 s (begin_cta)
+constexpr int BAR_PRODUCER = 7;     // named barrier of the producer warpgroup (consumers use 1-6)
 // register split: the launch gives 168 per thread (65536 / 384, 1 CTA/SM); what the producer
 // releases (128 x (168 - P)) must cover what the consumers take (256 x (C - 168))
 constexpr int PRODUCER_REGS = 104, CONSUMER_REGS = 200;
 static_assert(128 * (168 - PRODUCER_REGS) >= 256 * (CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
 
-__device__ __forceinline__ uint4 ld_nc16(const uint8_t* p) {
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
 __device__ __forceinline__ float ld_nc_f32(const uint8_t* p) {
@@ -64,10 +75,11 @@ __device__ __forceinline__ uint32_t dq2(uint32_t two, float sc) {
 
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmR,
-                                const __grid_constant__ CUtensorMap tmQ) {
+                                const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmN) {
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 in begin_cta
   CtaPart c;
-  if (!begin_cta(a, smem_raw, 1 + 128, c)) return;  // full[s]: thread 0's expect_tx + 128 dequant threads + RoPE bytes
+  // full[s]: thread 0's expect_tx + 128 dequant threads + RoPE bytes; raw_full[s]: expect_tx + raw bytes
+  if (!begin_cta(a, smem_raw, 1 + 128, c, true)) return;
   const uint32_t uQ = c.uQ, uK = c.uK, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
   const int wg = c.wg, t = c.t, m = c.m, row_base = c.row_base;
   const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
@@ -78,19 +90,18 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     if (t == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmR)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmQ)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmN)) : "memory");
     }
     const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
-    // Thread -> (token, 16-byte chunk): warp w takes tokens 2(w/2) + {0, 1} (+ 4i, i = 0..15) and the
-    // chunks 16(w%2) .. +15; a quarter warp = chunks 4q..4q+3 of two adjacent tokens, whose 128B
-    // swizzle (unit ^= row & 7) sends them to the 8 distinct 16-byte units of a row: no bank conflict.
+    // Thread -> (16-byte chunk cb of a raw box, tokens r0 + 8i, i = 0..7): lanes 8q..8q+7 take chunks
+    // 4q..4q+3 (one output slab) of the adjacent tokens r0, r0 + 1, whose 128B swizzle (unit ^= row & 7)
+    // sends their stores to the 8 distinct 16-byte units of a row: no bank conflict (their 16-byte raw
+    // reads, 256 bytes apart, meet 2-way). row & 7 = r0 & 7 for every i: the swizzle is per thread.
     const int lane = t & 31, w4 = t >> 5;
-    const int r0 = 2 * (w4 >> 1) + ((lane >> 2) & 1);              // first token; then r0 + 4i
-    const int cc = 16 * (w4 & 1) + (lane >> 3) * 4 + (lane & 3);    // columns 16cc .. 16cc + 15
-    const int unit = (cc & 3) * 2;                                   // its first 16-byte unit in the slab row
-    // swizzled unit offsets of the two stores (columns 16cc.. and 16cc+8..), for even and odd i
-    // (row & 7 = r0 + 4 (i & 1))
-    const uint32_t sw[2][2] = {{((unit ^ r0) & 7u) << 4, (((unit + 1) ^ r0) & 7u) << 4},
-                               {((unit ^ (r0 + 4)) & 7u) << 4, (((unit + 1) ^ (r0 + 4)) & 7u) << 4}};
+    const int r0 = 2 * w4 + ((lane >> 2) & 1);
+    const int cb = (lane >> 3) * 4 + (lane & 3);
+    const int unit = (cb & 3) * 2;
+    const uint32_t sw0 = ((unit ^ r0) & 7u) << 4, sw1 = (((unit + 1) ^ r0) & 7u) << 4;
     int it = 0, qn = 0;
     for (int b = b0; b <= last && b < a.batch; ++b) {
       const Work w = request_work(a, b, b0, k0, b1, k1, first);
@@ -105,55 +116,62 @@ __global__ void __launch_bounds__(NTHREADS, 1)
           prefetch_l2_bulk(kc8 + (int64_t)bt[p] * a.kcache_block_stride, FP8_PAGE);
       }
       ++qn;
+      // block-table entries are read one page ahead (page: this one, next_page: the next), so that a
+      // page's loads do not wait on an L2 round trip for its index
+      int page = bt[w.kbeg];
       for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
         const int s = it & 1;
         const int valid = w.L - blk * PAGE;     // tokens of this page inside the request (>= 1)
-        const uint8_t* src = kc8 + (int64_t)bt[blk] * a.kcache_block_stride + cc * 16;
-        const uint8_t* ssrc = kc8 + (int64_t)bt[blk] * a.kcache_block_stride + D_V + (cc >> 3) * 4;
-        if (t == 0 && blk + PF < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + PF] * a.kcache_block_stride, FP8_PAGE);
-        const uint32_t rows = uK + s * TILE + (cc >> 2) * SLAB + r0 * 128;  // slab of chunk cc, row r0
-        // two batches of 4 tokens in registers: batch k+1 loads while batch k converts and stores
-        uint4 va[4], vb[4];
-        float sa[4], sb[4];
-        auto load = [&](int i0, uint4 (&v)[4], float (&sc)[4]) {  // tokens r0 + 4 (i0 + i); a token
-          // past the length (inside the page, so readable, but arbitrary: NaN in the tests) becomes
-          // fp8 0 with scale 0
-          const uint8_t* p = src + (r0 + 4 * i0) * FP8_TOKEN;
-          const uint8_t* ps = ssrc + (r0 + 4 * i0) * FP8_TOKEN;
+        const uint32_t stage = uK + s * TILE, raw_full = uBar + RAW_FULL + 8 * s;
+        const int next_page = blk + 1 < w.kend ? bt[blk + 1] : 0;
+        const int pf_page = t == 0 && blk + PF < w.kend ? bt[blk + PF] : -1;
+        // the scales of this thread's 16 (token, box) pairs, from global memory (L2 after the prefetch)
+        // while the boxes arrive; a token past the length (readable, but arbitrary: NaN in the tests)
+        // gets scale 0 and fp8 zeros below
+        const uint8_t* ssrc = kc8 + (int64_t)page * a.kcache_block_stride + D_V + (cb >> 3) * 4;
+        float sc[2][8];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const bool ok = r0 + 4 * (i0 + i) < valid;
-            const uint4 x = ld_nc16(p + i * 4 * FP8_TOKEN);
-            const float y = ld_nc_f32(ps + i * 4 * FP8_TOKEN);
-            v[i] = ok ? x : make_uint4(0, 0, 0, 0);
-            sc[i] = ok ? y : 0.f;
-          }
-        };
-        auto store = [&](int i0, const uint4 (&v)[4], const float (&sc)[4]) {
+        for (int i = 0; i < 8; ++i)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t row = rows + (i0 + i) * 4 * 128;
-            st_shared_v4(row + sw[i & 1][0], dq2(v[i].x & 0xffffu, sc[i]), dq2(v[i].x >> 16, sc[i]),
-                         dq2(v[i].y & 0xffffu, sc[i]), dq2(v[i].y >> 16, sc[i]));
-            st_shared_v4(row + sw[i & 1][1], dq2(v[i].z & 0xffffu, sc[i]), dq2(v[i].z >> 16, sc[i]),
-                         dq2(v[i].w & 0xffffu, sc[i]), dq2(v[i].w >> 16, sc[i]));
-          }
-        };
-        load(0, va, sa);                                         // in flight while we wait
-        load(4, vb, sb);
+          for (int bx = 0; bx < 2; ++bx) sc[bx][i] = ld_nc_f32(ssrc + (r0 + 8 * i) * FP8_TOKEN + bx * 8);
         mbar_wait(uBar + 16 + 8 * s, ((it >> 1) & 1) ^ 1);      // both consumers done with page it-2
-        if (t == 0) {
+        if (t == 0) {  // (page in a register: a block-table read here would be redone after each TMA)
+          mbar_expect_tx(raw_full, 2 * RAW_BOX);
+          for (int bx = 0; bx < 2; ++bx) tma_load_2d(stage + raw_slab(bx) * SLAB, &tmN, bx * 256, page * PAGE, raw_full);
           mbar_expect_tx(uBar + 8 * s, SLAB);
-          tma_load_2d(uK + s * TILE + 8 * SLAB, &tmR, ROPE_COL, bt[blk] * PAGE, uBar + 8 * s);
+          tma_load_2d(stage + 8 * SLAB, &tmR, ROPE_COL, page * PAGE, uBar + 8 * s);
         }
-        store(0, va, sa);
-        load(8, va, sa);
-        store(4, vb, sb);
-        load(12, vb, sb);
-        store(8, va, sa);
-        store(12, vb, sb);
+        mbar_wait(raw_full, (it >> 1) & 1);
+        fence_regs(sc[0]);  // the scale loads are waited for here, not before the waits above
+        fence_regs(sc[1]);
+        // token row r of box bx: 256 raw bytes at raw_slab(bx); chunk cb -> output slab 4 bx + cb / 4
+        auto raw = [&](int bx, int i) {
+          const uint4 x = ld_shared_v4(stage + raw_slab(bx) * SLAB + (r0 + 8 * i) * 256 + cb * 16);
+          return r0 + 8 * i < valid ? x : make_uint4(0, 0, 0, 0);
+        };
+        auto put = [&](int bx, int i, const uint4& v) {
+          const float f = r0 + 8 * i < valid ? sc[bx][i] : 0.f;
+          const uint32_t row = stage + (4 * bx + (cb >> 2)) * SLAB + (r0 + 8 * i) * 128;
+          st_shared_v4(row + sw0, dq2(v.x & 0xffffu, f), dq2(v.x >> 16, f), dq2(v.y & 0xffffu, f), dq2(v.y >> 16, f));
+          st_shared_v4(row + sw1, dq2(v.z & 0xffffu, f), dq2(v.z >> 16, f), dq2(v.w & 0xffffu, f), dq2(v.w >> 16, f));
+        };
+        // box 0 (raw in slabs 4-5) -> slabs 0-3: nothing it overwrites is still to be read
+#pragma unroll
+        for (int i = 0; i < 8; ++i) put(0, i, raw(0, i));
+        // box 1 (raw in slabs 6-7) -> slabs 4-7, which hold both raw boxes: every producer thread reads
+        // all of its box-1 chunks first, then the warpgroup syncs, then the stores
+        uint4 v1[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v1[i] = raw(1, i);
+        bar_sync(BAR_PRODUCER, 128);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) put(1, i, v1[i]);
         fence_async_smem();   // generic-proxy stores -> visible to wgmma (async proxy)
         mbar_arrive(uBar + 8 * s);
+        // the L2 prefetch PF pages ahead goes out last: its block-table read has had the whole page to
+        // arrive (issued at the top, it stalled warp 0 there, and so the warpgroup, for most of a page)
+        if (pf_page >= 0) prefetch_l2_bulk(kc8 + (int64_t)pf_page * a.kcache_block_stride, FP8_PAGE);
+        page = next_page;
       }
     }
     return;
@@ -172,16 +190,18 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream) {
   if (!a.is_fp8 || a.kcache_block_stride != (int64_t)FP8_PAGE ||
       (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
     return -1;
-  alignas(64) CUtensorMap tmR, tmQ;
+  alignas(64) CUtensorMap tmR, tmQ, tmN;
   const int m = a.s_q * a.h_q;
-  if (!make_map(&tmR, a.kcache, FP8_TOKEN / 2, FP8_TOKEN, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
-      !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m))
+  const uint64_t tokens = static_cast<uint64_t>(a.num_blocks) * PAGE;
+  if (!make_map(&tmR, a.kcache, FP8_TOKEN / 2, FP8_TOKEN, tokens) ||
+      !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m) ||
+      !make_map(&tmN, a.kcache, D_V, FP8_TOKEN, tokens, CU_TENSOR_MAP_DATA_TYPE_UINT8, 256, CU_TENSOR_MAP_SWIZZLE_NONE))
     return -1;
   cudaError_t e =
       cudaFuncSetAttribute(mla_decode_wgmma_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   dim3 grid((m + BM - 1) / BM, a.parts);
-  mla_decode_wgmma_fp8_kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmR, tmQ);
+  mla_decode_wgmma_fp8_kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmR, tmQ, tmN);
   return cudaGetLastError();
 }
 

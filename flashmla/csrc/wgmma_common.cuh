@@ -22,7 +22,7 @@ constexpr int NSLAB = D_QK / 64;         // 9 slabs per page and per Q tile
 constexpr int TILE = NSLAB * SLAB;       // 73728 bytes
 constexpr int BM = 64, NTHREADS = 384;
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
-// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty), alpha[2][64], inv[2][64]
+// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty; the FP8 kernel adds raw_full[2]), alpha[2][64], inv[2][64]
 constexpr int MISC = 64 + 4 * 64 * 4;
 constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
@@ -125,7 +125,8 @@ struct CtaPart {
 // Fills c from the launch and the metadata; false when the part is empty (the CTA exits at once).
 // Otherwise thread 0 initialises the mbarriers (full[s] completing on full_arrivals arrivals plus the
 // transaction bytes) and the CTA syncs.
-__device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw, int full_arrivals, CtaPart& c) {
+__device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw, int full_arrivals, CtaPart& c,
+                                          bool raw_full = false) {
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;  // dynamic shared memory aligned to 1024 here
   c.uQ = base + OFF_Q, c.uK = base + OFF_K, c.uPlo = base + OFF_PLO, c.uBar = base + OFF_MISC;
@@ -145,6 +146,10 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
     }
     mbar_init(c.bar_qfull, 1);
     mbar_init(c.bar_qempty, 128);           // WG1 after the last S of a request
+    if (raw_full) {                         // FP8 wgmma kernel: raw_full[s] (expect_tx + bytes)
+      mbar_init(c.uBar + 48, 1);
+      mbar_init(c.uBar + 56, 1);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_async_smem();
   }
@@ -447,14 +452,16 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 // 2-D tensor map over rows of `row_elems` elements (`row_bytes` apart), boxes of 64 rows x 64
 // columns (128 bytes), 128B swizzle. The BF16 kernel maps q and the cache as rows of 576 bf16; the
 // FP8 kernel maps the FP8 cache as rows of 328 bf16 (656 bytes) and loads the RoPE box at column 264.
-bool make_map(CUtensorMap* map, const void* ptr, uint64_t row_elems, uint64_t row_bytes, uint64_t rows) {
+bool make_map(CUtensorMap* map, const void* ptr, uint64_t row_elems, uint64_t row_bytes, uint64_t rows,
+              CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint32_t box_cols = 64,
+              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   auto fn = encode_tiled();
   if (!fn) return false;
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_elems), rows};
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-  cuuint32_t box[2] = {64, 64}, estr[2] = {1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box, estr,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  cuuint32_t box[2] = {box_cols, 64}, estr[2] = {1, 1};
+  return fn(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

@@ -31,15 +31,16 @@ def test_fp8_wgmma_protocol_model_passes_and_catches_mutants():
     passes over random schedules, and each deliberately broken count, wait or order is caught."""
     res = _model("wgmma_fp8_protocol_model.py", "--trials", "400", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 5 mutants caught" in res.stdout
+    assert "all 6 mutants caught" in res.stdout
 
 
 def test_fp8_wgmma_layout_model_passes_and_catches_mutants():
-    """CPU model of the FP8 wgmma kernel's page staging (dequantising stores + RoPE TMA, read back
-    through the wgmma descriptors) against dequantize_kvcache; each broken offset is caught."""
+    """CPU model of the FP8 wgmma kernel's page staging (raw TMA boxes dequantised in place + RoPE TMA,
+    read back through the wgmma descriptors) against dequantize_kvcache; each broken offset or order
+    is caught."""
     res = _model("wgmma_fp8_layout_model.py", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 6 mutants caught" in res.stdout
+    assert "all 7 mutants caught" in res.stdout
 
 
 def test_swapab_fp8_model_passes_and_catches_mutants():

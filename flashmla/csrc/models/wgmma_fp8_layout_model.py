@@ -1,17 +1,20 @@
 """Model of the FP8 wgmma kernel's page staging (mirrors the producer of ../mla_decode_wgmma_fp8.cu).
 
 For one page of the FP8 cache (bytes from flashmla.quantize_kvcache, token rows past `valid`
-overwritten with 0xFF: NaN values and NaN scales) it replays
-  - the dequantising threads: thread -> (first token r0, chunk cc) map, 16 tokens r0 + 4i each,
-    fp8 -> f32 times the tile's fp32 scale -> bf16, two 16-byte stores per token at the kernel's
-    swizzled offsets (rows past `valid` stored as zeros);
+overwritten with 0xFF: NaN values and NaN scales) it replays, on the stage's bytes:
+  - the raw TMA: two unswizzled boxes of 256 NoPE bytes x 64 tokens, box bx at slab 4 + 2 bx;
+  - the dequantising threads: thread -> (chunk cb, first token r0) map, tokens r0 + 8i, a 16-byte
+    raw read, fp8 -> f32 times the fp32 scale 2 bx + cb / 8 -> bf16, two 16-byte stores at the
+    kernel's swizzled offsets (rows past `valid` stored as zeros); box 0 read and stored thread by
+    thread, box 1 read by every thread, then (warpgroup barrier) stored;
   - the RoPE TMA: tensor map over rows of 328 bf16 (656 bytes), 64 x 64 box at column ROPE_COL,
     128B swizzle (address bits 4-6 ^= bits 7-9) into slab 8;
-and checks: every 16-byte unit of slabs 0..7 written exactly once; each quarter warp's 16-byte
-stores hit 8 distinct units of the 128-byte bank window (no bank conflict); the stage read back
-through the consumers' wgmma descriptors (K-major for S, MN-major for V, as in
-wgmma_layout_model.py) equals flashmla.dequantize_kvcache of the page (V rows past `valid`
-exactly 0); S = Q K^T. `--mutants` breaks one offset at a time and asserts each is caught. ~2 s:
+and checks: every 16-byte unit of slabs 0..7 stored exactly once; each quarter warp's stores hit 8
+distinct units of the 128-byte bank window (no bank conflict); the stage read back through the
+consumers' wgmma descriptors (K-major for S, MN-major for V, as in wgmma_layout_model.py) equals
+flashmla.dequantize_kvcache of the page (V rows past `valid` exactly 0), which also shows that no
+store overwrote raw bytes before they were read; S = Q K^T. `--mutants` breaks one offset or order at
+a time and asserts each is caught. ~2 s:
 
     python flashmla/csrc/models/wgmma_fp8_layout_model.py [--mutants]
 """
@@ -29,46 +32,71 @@ def swz(addr): return addr ^ (((addr >> 7) & 7) << 4)
 
 
 def producer_map(t, mut):
-    """(r0, cc, sw[2][2]) of producer thread t, as in the kernel."""
+    """(r0, cb, sw0, sw1) of producer thread t, as in the kernel."""
     lane, w4 = t & 31, t >> 5
-    r0 = (t >> 5) if mut == "r0_by_warp" else 2 * (w4 >> 1) + ((lane >> 2) & 1)
-    cc = 16 * (w4 & 1) + (lane >> 3) * 4 + (lane & 3)
-    unit = (cc & 3) * 2
+    r0 = w4 + 4 * ((lane >> 2) & 1) if mut == "tokens_4_apart" else 2 * w4 + ((lane >> 2) & 1)
+    cb = (lane >> 3) * 4 + (lane & 3)
+    unit = (cb & 3) * 2
     if mut == "swizzle_without_row":
-        return r0, cc, [[unit << 4, (unit + 1) << 4]] * 2
-    if mut == "swizzle_one_parity":
-        return r0, cc, [[((unit ^ r0) & 7) << 4, (((unit + 1) ^ r0) & 7) << 4]] * 2
-    return r0, cc, [[((unit ^ r0) & 7) << 4, (((unit + 1) ^ r0) & 7) << 4],
-                    [((unit ^ (r0 + 4)) & 7) << 4, (((unit + 1) ^ (r0 + 4)) & 7) << 4]]
+        return r0, cb, unit << 4, (unit + 1) << 4
+    return r0, cb, ((unit ^ r0) & 7) << 4, (((unit + 1) ^ r0) & 7) << 4
+
+
+def raw_slab(bx, mut):
+    return (2 if mut == "raw_over_slabs_2_3" else 4) + 2 * bx
+
+
+def to_bf16_bytes(vals):
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(vals).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint8)
 
 
 def stage_page(raw, valid, mut=None):
-    """raw: uint8 [64, 656]. Returns the 9-slab stage as float64 [TILE // 2] (NaN = never written)."""
-    smem = np.full(TILE // 2, np.nan)
-    written = np.zeros(8 * SLAB // 16, dtype=int)
-    fp8 = torch.from_numpy(raw[:, :512].copy()).view(torch.float8_e4m3fn).float().numpy()   # exact
+    """raw: uint8 [64, 656]. Returns the 9-slab stage as float64 [TILE // 2] (slabs 0-7 NaN where never stored)."""
+    stage = np.zeros(TILE, dtype=np.uint8)
+    for bx in range(2):  # raw TMA: box bx = columns 256 bx .. +255 of the 64 tokens, rows 256 bytes apart
+        base = raw_slab(bx, mut) * SLAB
+        stage[base:base + 64 * 256] = raw[:, 256 * bx:256 * bx + 256].reshape(-1)
     scales = raw[:, 512:528].copy().view(np.float32)                                        # [64, 4]
+    stored = np.zeros(8 * SLAB // 16, dtype=int)
     banks = {}
-    for t in range(128):
-        r0, cc, sw = producer_map(t, mut)
-        rows = (cc >> 2) * SLAB + r0 * 128
-        for i in range(16):
-            r = r0 + 4 * i
-            ok = r < valid if mut != "no_tail_zero" else True
-            tile = (cc >> 2) & 3 if mut == "scale_index" else cc >> 3    # 128 columns = 8 chunks per scale
-            vals = fp8[r, 16 * cc:16 * cc + 16].astype(np.float32) * scales[r, tile] if ok \
-                else np.zeros(16, np.float32)
-            with np.errstate(invalid="ignore"):
-                b = torch.from_numpy(vals).to(torch.bfloat16).double().numpy()
-            row = rows + i * 4 * 128
-            for k in range(2):
-                addr = row + sw[i & 1][k]
-                smem[addr // 2: addr // 2 + 8] = b[8 * k: 8 * k + 8]
-                written[addr // 16] += 1
-                banks.setdefault((t >> 3, i, k), []).append((addr % 128) // 16)
-    assert (written == 1).all(), f"slab units written {written.min()}..{written.max()} times (want exactly once)"
+
+    def read(bx, t, i):
+        r0, cb, _, _ = producer_map(t, mut)
+        off = raw_slab(bx, mut) * SLAB + (r0 + 8 * i) * 256 + cb * 16
+        return stage[off:off + 16].copy()
+
+    def store(bx, t, i, chunk):
+        r0, cb, sw0, sw1 = producer_map(t, mut)
+        r = r0 + 8 * i
+        ok = r < valid if mut != "no_tail_zero" else True
+        tile = 2 * bx + (cb >> 2 & 1 if mut == "scale_index" else cb >> 3)   # 128 columns = 8 chunks per scale
+        fp8 = torch.from_numpy(chunk).view(torch.float8_e4m3fn).float().numpy()               # exact
+        vals = fp8.astype(np.float32) * scales[r, tile] if ok else np.zeros(16, np.float32)
+        b = to_bf16_bytes(vals)
+        row = (4 * bx + (cb >> 2)) * SLAB + r * 128
+        for k, sw in enumerate((sw0, sw1)):
+            addr = row + sw
+            stage[addr:addr + 16] = b[16 * k:16 * k + 16]
+            stored[addr // 16] += 1
+            banks.setdefault((bx, t >> 3, i, k), []).append((addr % 128) // 16)
+
+    for t in range(128):                        # box 0: read and store, thread after thread
+        for i in range(8):
+            store(0, t, i, read(0, t, i))
+    if mut == "box1_unstaged":                  # (what the register staging + barrier prevent)
+        for t in range(128):
+            for i in range(8):
+                store(1, t, i, read(1, t, i))
+    else:
+        staged = {(t, i): read(1, t, i) for t in range(128) for i in range(8)}
+        for (t, i), chunk in staged.items():
+            store(1, t, i, chunk)
+    assert (stored == 1).all(), f"slab units stored {stored.min()}..{stored.max()} times (want exactly once)"
     for key, units in banks.items():
         assert len(set(units)) == 8, f"bank conflict in quarter warp {key}: units {units}"
+    smem = stage.view(np.int16).copy()
+    smem = torch.from_numpy(smem).view(torch.bfloat16).double().numpy()
     rope_col = 263 if mut == "rope_col" else 264
     rope = raw.reshape(-1).view(np.uint8)
     for r in range(64):
@@ -111,13 +139,14 @@ def check(valid, seed, mut=None):
         assert np.array_equal(v, want), f"V operand (half {ch}) differs (rows past {valid} must be 0)"
 
 
-MUTANTS = ("r0_by_warp", "swizzle_without_row", "swizzle_one_parity", "scale_index", "no_tail_zero", "rope_col")
+MUTANTS = ("tokens_4_apart", "swizzle_without_row", "scale_index", "no_tail_zero", "rope_col", "raw_over_slabs_2_3",
+           "box1_unstaged")
 
 if __name__ == "__main__":
     for valid, seed in ((64, 0), (37, 1), (1, 2), (63, 3)):
         check(valid, seed)
-    print("fp8 layout model: dequantised NoPE + TMA RoPE stage == dequantize_kvcache; S, V operands, "
-          "tail zeroing, coverage, bank-conflict freedom: consistent")
+    print("fp8 layout model: raw TMA boxes dequantised in place + TMA RoPE stage == dequantize_kvcache; S, V "
+          "operands, tail zeroing, coverage, no store before the raw read, bank-conflict freedom: consistent")
     if "--mutants" in sys.argv:
         for mut in MUTANTS:
             try:

@@ -1,14 +1,18 @@
 """Randomised model check of the FP8 wgmma kernel's synchronisation (../mla_decode_wgmma_fp8.cu).
 
 Like wgmma_protocol_model.py (same consumers), but the producer warpgroup is split the way the
-FP8 kernel runs it: thread 0 (Q TMA after qempty; per page: wait empty[s], expect_tx + RoPE TMA
-into slab 8, its own share of the dequantised NoPE, arrive) and the other 127 dequantising threads,
-modelled as two groups of 64 and 63 arrivals (wait empty[s], store their NoPE rows, arrive).
-full[s] needs 129 arrivals (thread 0 twice) plus the RoPE bytes; empty[s] 256 (both consumer
-warpgroups). Checks, over random request mixes and interleavings: no deadlock, every read sees the
-version it expects from start to end (each NoPE share, the RoPE/P_hi slab, P_lo, Q, the row scales
-and 1/l), no double arrival at a named barrier. `--mutants` breaks one count, wait or order at a
-time and asserts the model catches each. Update together with the kernel. ~3 s:
+FP8 kernel runs it: thread 0 (Q TMA after qempty; per page: wait empty[s], expect_tx + the raw NoPE
+TMA into the stage's slabs 4-7 on raw_full[s], expect_tx + RoPE TMA into slab 8 on full[s], then its
+own share of the dequantisation) and the other 127 dequantising threads, modelled as two groups of
+64 and 63 arrivals. Each share: wait empty[s], wait raw_full[s], read the raw bytes, store its box-0
+values (slabs 0-3, its own), sync the producer warpgroup (named barrier), store its box-1 values
+over the raw bytes (slabs 4-7: the raw TMA lands under every share's box-1 stores), arrive on full[s]. full[s] needs 129
+arrivals plus the RoPE bytes; empty[s] 256 (both consumer warpgroups). Checks, over random request
+mixes and interleavings: no deadlock, every read sees the version it expects from start to end (the
+raw bytes, each box-0 share, the slabs 4-7, the RoPE/P_hi slab, P_lo, Q, the row scales and 1/l), no
+double arrival at a named barrier, no store into a buffer a copy is landing in. `--mutants` breaks
+one count, wait or order at a time and asserts the model catches each. Update together with the
+kernel. ~3 s:
 
     python flashmla/csrc/models/wgmma_fp8_protocol_model.py [--trials N] [--mutants]
 """
@@ -16,7 +20,7 @@ import random, sys
 
 from sim import MBar, NBar, simulate
 
-SHARES = (("T0", 1), ("D1", 64), ("D2", 63))  # NoPE writers and their mbarrier arrivals
+SHARES = (("T0", 1), ("D1", 64), ("D2", 63))  # dequantising threads and their mbarrier arrivals
 
 
 def run(reqs, seed, mut=None):
@@ -24,11 +28,24 @@ def run(reqs, seed, mut=None):
     full_count = 128 if mut == "full_count_128" else 129
     empty_count = 128 if mut == "empty_count_128" else 256
     mb = {**{f"full{i}": MBar(full_count) for i in range(2)}, **{f"empty{i}": MBar(empty_count) for i in range(2)},
-          "qfull": MBar(1), "qempty": MBar(128)}
+          **{f"raw{i}": MBar(1) for i in range(2)}, "qfull": MBar(1), "qempty": MBar(128)}
     nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
-    nope = [f"N{s}.{name}" for s in range(2) for name, _ in SHARES]
+    nb["PROD"] = NBar("PROD", parties=len(SHARES))
 
-    def t0():  # producer thread 0: TMA of Q and RoPE, and its share of the dequantised NoPE
+    def dequant(name, weight, s, it):  # one share's part of page it in stage s (after its empty wait)
+        if mut != "dequant_skips_raw_wait":
+            yield ("wait", f"raw{s}", (it >> 1) & 1)
+        for n, _ in SHARES:  # its raw chunks lie anywhere in slabs 4-7, under every share's box-1 stores
+            yield ("rbeg", f"Hi{s}.{n}", ("raw", it)); yield ("rend", f"Hi{s}.{n}", ("raw", it))
+        yield ("write", f"Lo{s}.{name}", ("K", it))
+        if mut != "no_producer_barrier":
+            yield ("nsync", "PROD")
+        if mut == "arrive_before_store" and name == "D1":
+            yield ("arrive", f"full{s}", weight); yield ("write", f"Hi{s}.{name}", ("K", it))
+        else:
+            yield ("write", f"Hi{s}.{name}", ("K", it)); yield ("arrive", f"full{s}", weight)
+
+    def t0():  # producer thread 0: TMA of Q, the raw NoPE and the RoPE, and its share of the dequantisation
         it = qn = 0
         for r, (npg, _) in enumerate(reqs):
             if npg == 0: continue
@@ -36,12 +53,12 @@ def run(reqs, seed, mut=None):
             yield ("expect", "qfull", 1); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
             for _ in range(npg):
                 s = it & 1
-                if mut == "rope_before_wait":
-                    yield ("expect", f"full{s}", 1); yield ("tma", f"H{s}", ("K", it), f"full{s}")
+                raw = [("expect", f"raw{s}", len(SHARES))] + [("tma", f"Hi{s}.{n}", ("raw", it), f"raw{s}") for n, _ in SHARES]
+                if mut == "raw_before_wait": yield from raw
                 yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
-                if mut != "rope_before_wait":
-                    yield ("expect", f"full{s}", 1); yield ("tma", f"H{s}", ("K", it), f"full{s}")
-                yield ("write", f"N{s}.T0", ("K", it)); yield ("arrive", f"full{s}", 1)
+                if mut != "raw_before_wait": yield from raw
+                yield ("expect", f"full{s}", 1); yield ("tma", f"H{s}", ("K", it), f"full{s}")
+                yield from dequant("T0", 1, s, it)
                 it += 1
 
     def dq(name, weight):  # dequantising threads (one group of `weight` threads)
@@ -49,16 +66,12 @@ def run(reqs, seed, mut=None):
         for r, (npg, _) in enumerate(reqs):
             for _ in range(npg):
                 s = it & 1
-                if not (mut == "dequant_skips_empty_wait" and name == "D2"):
-                    yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
-                if mut == "arrive_before_store" and name == "D1":
-                    yield ("arrive", f"full{s}", weight); yield ("write", f"N{s}.{name}", ("K", it))
-                else:
-                    yield ("write", f"N{s}.{name}", ("K", it)); yield ("arrive", f"full{s}", weight)
+                yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
+                yield from dequant(name, weight, s, it)
                 it += 1
 
     def page_reads(s, it, what, lo=True):
-        out = [(f"N{s}.{n}", ("K", it)) for n, _ in SHARES]
+        out = [(f"{half}{s}.{n}", ("K", it)) for half in ("Lo", "Hi") for n, _ in SHARES]
         if what == "S": out.append((f"H{s}", ("K", it)))
         else: out += [(f"H{s}", ("P", it))] + ([("Plo", ("P", it))] if lo else [])
         return out
@@ -118,7 +131,8 @@ def check(trials, mut=None):
     return n
 
 
-MUTANTS = ("full_count_128", "empty_count_128", "rope_before_wait", "dequant_skips_empty_wait", "arrive_before_store")
+MUTANTS = ("full_count_128", "empty_count_128", "raw_before_wait", "dequant_skips_raw_wait", "no_producer_barrier",
+           "arrive_before_store")
 
 if __name__ == "__main__":
     trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 2000
