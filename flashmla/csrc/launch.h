@@ -33,10 +33,11 @@ struct DecodeArgs {
 // FLASHMLA_KERNEL unset or 'auto': the wgmma kernel runs from this many query rows (s_q * h_q) per
 // request on, for a BF16 cache and for the FP8 cache. BF16: every row count (measured on the H200:
 // its TMA stream beats the mma.sync kernel even at 16 rows, padded to its 64-row tile). FP8 cache:
-// from 64 rows (the FP8 wgmma kernel, mla_decode_wgmma_fp8.cu, is 1.7-2.0x the mma.sync FP8 path
-// at 64-128 rows, equal at 32, slower at 16). The GPU tests read both via _C.auto_wgmma_min_rows.
+// from 33 rows, above the swap-AB kernel's 32 (H200, session 14: the FP8 wgmma kernel is 2.6x the
+// mma.sync FP8 path at 40-56 rows, 0.78-0.82x vs 0.30x the BF16 cache; 1.7-2.0x before at 64-128).
+// The GPU tests read both via _C.auto_wgmma_min_rows.
 constexpr int kAutoWgmmaMinRows = 1;
-constexpr int kFp8WgmmaMinRows = 64;
+constexpr int kFp8WgmmaMinRows = 33;
 // BF16 wgmma kernel defaults of FLASHMLA_L2_PREFETCH and FLASHMLA_WGMMA_SPLIT (mla_decode.cu), from
 // an A/B run on the H200 (BENCHMARKS.md): a bulk L2 prefetch 3 pages ahead cost 30% on memory-bound
 // shapes (132 CTAs x 5 pages of 72 KiB in flight crowd the L2), so it is off; WG1 owning 128 of

@@ -111,7 +111,7 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
     # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, from the
-    # launcher's row thresholds on (_C.auto_wgmma_min_rows: 1 for a BF16 cache, 64 for FP8); the
+    # launcher's row thresholds on (_C.auto_wgmma_min_rows: 1 for a BF16 cache, 33 for FP8); the
     # swap-AB kernel for an FP8 cache of at most _C.auto_swapab_max_rows rows (32; 16 under
     # FLASHMLA_SWAPAB_MAX_ROWS=16, which the binding reads at each call), under auto or swapab
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
@@ -346,10 +346,11 @@ def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
 
 
 @pytest.mark.parametrize("h_q,s_q,fp8", [(16, 1, False), (16, 2, False), (32, 1, False), (128, 2, False),
-                                         (64, 1, True), (16, 1, True), (8, 2, True), (32, 1, True)])
+                                         (64, 1, True), (16, 1, True), (8, 2, True), (32, 1, True),
+                                         (40, 1, True), (24, 2, True)])
 def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
     """Without FLASHMLA_KERNEL the launcher picks wgmma from _C.auto_wgmma_min_rows query rows per
-    request on (BF16 cache: always; FP8 cache: from 64 rows), for an FP8 cache swap-AB up to 32 rows,
+    request on (BF16 cache: always; FP8 cache: from 33 rows), for an FP8 cache swap-AB up to 32 rows,
     and the default kernel otherwise (run() asserts which ran); results meet the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
