@@ -28,7 +28,7 @@
 // Why the raw bytes land in the stage: Q (72 KiB) + two bf16 page stages (2 x 72 KiB) + P_lo (8 KiB)
 // leave under 1 KiB of the 227 KiB, so there is no room for a ring of raw pages; the stage's own
 // slabs 4-7 hold the 32 KiB of raw NoPE until they are dequantised over. (Before: 16-byte ld.global
-// into registers, 16 KiB in flight per SM: 0.51-0.78x the BF16 cache; now 0.72-0.80x, H200.)
+// into registers, 16 KiB in flight per SM: 0.51-0.78x the BF16 cache; now 0.76-0.83x, H200.)
 // Shared memory (same layout as the BF16 kernel, 231,488 bytes with the 1 KiB alignment slack):
 //   [0, 72 KiB) Q | 2 x 72 KiB stages (slabs 0-7 dequantised NoPE = V, slab 8 RoPE, then P_hi)
 //   | 8 KiB P_lo | 64 B mbarriers (raw_full[2] at 48, 56) | 1 KiB row scales, 1/l.
