@@ -147,6 +147,23 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("key"), py::arg("msg"), "HMAC-SHA256 of the C++ data path (tests compare it)");
 
+  m.def(
+      "_json_members",
+      [](py::bytes text) -> py::object {
+        std::map<std::string, JsonMember> o;
+        if (!json_members(std::string(text), &o)) return py::none();
+        py::dict d;
+        for (auto& kv : o) {
+          py::object v = py::str("<other>");
+          if (kv.second.type == 'i') v = py::int_(kv.second.i);
+          if (kv.second.type == 's') v = py::bytes(kv.second.s);
+          if (kv.second.type == 'b') v = py::bool_(kv.second.i != 0);
+          if (kv.second.type == 'n') v = py::none();
+          d[py::bytes(kv.first)] = v;
+        }
+        return d;
+      },
+      py::arg("text"), "test hook: the data path's reading of a JSON meta (None: not taken)");
   m.def("gmac_available", &gmac_available, "libcrypto found for the C++ AES-GMAC");
   m.def(
       "gmac",

@@ -12,6 +12,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -106,7 +108,7 @@ struct JReader {
   void ws() {
     while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
   }
-  bool str(std::string* out) {  // at '"'; escapes other than \uXXXX decoded
+  bool str(std::string* out) {  // at '"'; escapes decoded
     if (p >= end || *p != '"') return false;
     for (p++; p < end; p++) {
       char c = *p;
@@ -126,9 +128,26 @@ struct JReader {
         case 't': out->push_back('\t'); break;
         case 'u':
           if (end - p < 5) return false;
-          out->append("\\u").append(p + 1, 4);  // kept escaped: only compared, never decoded
+        {  // decoded as Python does for ASCII; other code units as their 3-byte UTF-8 form
+          // (surrogates included), which equals no ASCII text, as in Python
+          unsigned cp = 0;
+          for (int i = 1; i <= 4; i++) {
+            if (!std::isxdigit(static_cast<unsigned char>(p[i]))) return false;
+            cp = cp * 16 + unsigned(std::isdigit(static_cast<unsigned char>(p[i]))
+                                        ? p[i] - '0'
+                                        : (std::tolower(static_cast<unsigned char>(p[i])) - 'a' + 10));
+          }
+          if (cp < 0x80) {
+            out->push_back(char(cp));
+          } else if (cp < 0x800) {
+            out->push_back(char(0xC0 | cp >> 6)), out->push_back(char(0x80 | (cp & 63)));
+          } else {
+            out->push_back(char(0xE0 | cp >> 12)), out->push_back(char(0x80 | (cp >> 6 & 63)));
+            out->push_back(char(0x80 | (cp & 63)));
+          }
           p += 4;
           break;
+        }
         default: return false;
       }
     }
@@ -163,11 +182,34 @@ struct JReader {
         return p < end && *p++ == close;
       }
     }
-    const char* s = p;
-    while (p < end && (std::strchr("+-.eE", *p) || (*p >= '0' && *p <= '9') ||
-                       (*p >= 'a' && *p <= 'z')))
+    for (const char* lit : {"true", "false", "null"}) {
+      size_t n = std::strlen(lit);
+      if (size_t(end - p) >= n && !std::memcmp(p, lit, n)) return p += n, true;
+    }
+    return number();
+  }
+  // a JSON number (RFC 8259 grammar); p moves past it
+  bool number() {
+    auto digit = [&] { return p < end && *p >= '0' && *p <= '9'; };
+    if (p < end && *p == '-') p++;
+    if (!digit()) return false;
+    if (*p == '0') {
       p++;
-    return p > s;
+    } else {
+      while (digit()) p++;
+    }
+    if (p < end && *p == '.') {
+      p++;
+      if (!digit()) return false;
+      while (digit()) p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+      p++;
+      if (p < end && (*p == '+' || *p == '-')) p++;
+      if (!digit()) return false;
+      while (digit()) p++;
+    }
+    return true;
   }
   bool value(JVal* v) {
     ws();
@@ -175,17 +217,15 @@ struct JReader {
     if (*p == '"') return v->type = 's', str(&v->s);
     if (*p == '-' || (*p >= '0' && *p <= '9')) {
       const char* s = p;
-      bool neg = *p == '-';
-      if (neg) p++;
-      uint64_t x = 0;
-      bool digits = false;
-      while (p < end && *p >= '0' && *p <= '9') {
-        if (x > (uint64_t(1) << 62)) return p = s, skip(0);  // too large: not an integer here
-        x = x * 10 + uint64_t(*p++ - '0'), digits = true;
-      }
-      if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return p = s, skip(0);
-      if (!digits) return false;
-      v->type = 'i', v->i = neg ? -int64_t(x) : int64_t(x);
+      if (!number()) return false;
+      // an integer that fits in 62 bits is type 'i'; fractions, exponents, larger ones 'x'
+      bool neg = *s == '-';
+      const char* q = s + neg;
+      if (std::find_if(q, p, [](char c) { return c < '0' || c > '9'; }) != p || p - q > 18)
+        return true;
+      int64_t x = 0;
+      for (; q < p; q++) x = x * 10 + (*q - '0');
+      v->type = 'i', v->i = neg ? -x : x;
       return true;
     }
     if (end - p >= 4 && !std::memcmp(p, "true", 4)) return p += 4, v->type = 'b', v->b = true;
@@ -197,6 +237,9 @@ struct JReader {
 
 // Parse a JSON object into its top-level members; false when it is not one.
 bool parse_obj(const std::string& s, JObj* out) {
+  // ASCII only (what json.dumps writes): anything else is left to Python's decoder
+  for (unsigned char c : s)
+    if (c >= 0x80) return false;
   JReader r{s.data(), s.data() + s.size()};
   r.ws();
   if (r.p >= r.end || *r.p++ != '{') return false;
@@ -374,6 +417,13 @@ int connect_to(const std::string& addr, std::string* err) {
   return fd;
 }
 }  // namespace
+
+bool json_members(const std::string& text, std::map<std::string, JsonMember>* out) {
+  JObj o;
+  if (!parse_obj(text, &o)) return false;
+  for (auto& kv : o) (*out)[kv.first] = {kv.second.type, kv.second.type == 'b' ? kv.second.b : kv.second.i, kv.second.s};
+  return true;
+}
 
 // --- AES-128-GMAC through libcrypto (dlopen) --------------------------------------------------
 namespace {

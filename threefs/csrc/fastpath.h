@@ -14,7 +14,7 @@
 // FastPath::head_write is the head's half of a full-chunk write (forward + local update + ack)
 // for StorageNode._write, which checked the client's frame and the chain.
 #pragma once
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -71,6 +71,16 @@ bool gmac_available();
 bool gmac(const uint8_t key[16], const uint8_t nonce[12], const void* data, size_t len,
           uint8_t tag[16]);
 
+// The JSON meta reader of the data path, for tests: false when the text is not a JSON object it
+// takes (it then leaves the frame to Python); else the top-level members that are integers
+// (62 bits), strings, booleans or null (type 'i', 's', 'b', 'n'; others 'x').
+struct JsonMember {
+  char type;
+  int64_t i;
+  std::string s;
+};
+bool json_members(const std::string& text, std::map<std::string, JsonMember>* out);
+
 class FastPath {
  public:
   explicit FastPath(std::string secret) : secret_(std::move(secret)) {}
@@ -112,7 +122,7 @@ class FastPath {
   std::unordered_map<int64_t, ChainInfo> chains_;
   std::map<std::string, std::vector<Conn>> pool_;
   LockTable locks_;
-  uint64_t handled_ = 0;
+  std::atomic<uint64_t> handled_{0};  // requests answered here (all connection threads)
 };
 
 }  // namespace threefs

@@ -5,6 +5,7 @@ import hmac
 import json
 import os
 import random
+import socket
 import time
 
 import pytest
@@ -146,3 +147,106 @@ def test_tampered_client_write_is_rejected(cluster):
         assert n.engines[10 + i].read(cid) == data
     sc.write_chunk(1, cid, 0, bytes(other))
     assert sc.read_chunk(1, cid, 0, 1 << 20) == bytes(other)
+
+
+def _mutate(rng, b: bytes) -> bytes:
+    b = bytearray(b)
+    for _ in range(rng.randrange(1, 4)):
+        op, i = rng.randrange(4), rng.randrange(len(b) + 1)
+        if op == 0 and b:
+            b[min(i, len(b) - 1)] = rng.randrange(256)
+        elif op == 1:
+            b[i:i] = rng.choice([b'"', b"{", b"}", b"[", b",", b":", b"-", b"1e3", b"\\u00", b"\\",
+                                 b"99999999999999999999", b"null", b"true", b" "])
+        elif op == 2:
+            del b[i:i + rng.randrange(1, 8)]
+        else:
+            b = b[:i]
+    return bytes(b)
+
+
+def test_fuzzed_frames_after_the_handshake(cluster):
+    """Authenticated connections sending random bytes, frames with broken headers, and MACed
+    frames whose meta is a mutated forward or client write (random JSON damage, wrong types,
+    huge numbers, unknown chains): every one is answered or rejected, the nodes keep serving and
+    the chain's replicas stay identical."""
+    fast, nodes, sc, rc = cluster
+    rng = random.Random(17)
+    chain = sc.routing.chain(1)
+    data = rng.randbytes(8192)
+    crc = _C.crc32c(data)
+    fwd = json.dumps({"m": "fwd", "chain": 1, "chain_ver": chain["ver"],
+                      "chunk": chunk_id(99, 0).hex(), "ver": 1, "offset": 0, "truncate_to": -1,
+                      "crc": crc, "full": True, "_pcrc": crc}, separators=(",", ":")).encode()
+    write = json.dumps({"m": "write", "chain": 1, "chain_ver": chain["ver"],
+                        "chunk": chunk_id(99, 1).hex(), "offset": 0, "truncate_to": -1},
+                       separators=(",", ":")).encode()
+    for i in range(90):
+        node = nodes[i % 3]
+        ch = rc._get(node.addr)
+        mode = i % 5
+        if mode == 0:
+            frame = rng.randbytes(rng.randrange(1, 3000))
+        elif mode == 1:  # a header with random fields and a random MAC
+            frame = rpc.HEADER.pack(b"3F", 1, rng.choice([0, 3, 1, 7]), rng.randrange(3),
+                                    rng.randrange(1 << 21), rng.randrange(1 << 27)) \
+                + rng.randbytes(16 + rng.randrange(200))
+        else:  # MACed: kind 3 forwards to any node, kind 0 client writes (GMAC'd payload)
+            kind = 3 if mode == 2 else 0
+            mb = _mutate(rng, fwd if kind == 3 else write) if mode != 4 else \
+                (fwd if kind == 3 else write)
+            hdr = rpc.HEADER.pack(b"3F", 1, kind, ch.send_seq, len(mb), len(data))
+            frame = hdr + rpc._mac(ch.key, hdr, mb, [data] if kind == 0 else [], ch.flags) \
+                + mb + data
+        ch.set_timeout(10)
+        try:
+            ch.sock.sendall(frame)
+            ch.sock.shutdown(socket.SHUT_WR)
+            while ch.sock.recv(1 << 16):
+                pass
+        except OSError:
+            pass
+        ch.close()
+    payload = os.urandom(1 << 20)
+    cid = chunk_id(98, 0)
+    sc.write_chunk(1, cid, 0, payload)
+    assert sc.read_chunk(1, cid, 0, 1 << 20) == payload
+    for c in (cid, chunk_id(99, 0), chunk_id(99, 1)):
+        ms = replica_metas(nodes, c)
+        if c == cid:
+            assert all(m == ms[0] for m in ms) and ms[0]["committed_ver"] == 1
+        for i, n in enumerate(nodes, 1):  # whatever was accepted is intact where it is stored
+            m = n.engines[10 + i].meta(c)
+            if m and m["committed_ver"]:
+                n.engines[10 + i].read(c)  # verifies the CRCs
+
+
+def test_meta_reader_never_takes_what_python_rejects():
+    """The C++ reader of the JSON meta against json.loads on valid and damaged metas: whatever it
+    takes, Python's decoder takes too, with the same member values (ints, strings, booleans);
+    the rest it leaves to Python."""
+    rng = random.Random(23)
+    base = [json.dumps(m, separators=(",", ":")).encode() for m in (
+        {"m": "fwd", "chain": 3, "chain_ver": 4294967301, "chunk": "00ab" * 6, "ver": 7,
+         "offset": 0, "truncate_to": -1, "crc": 4000000000, "full": True, "_pcrc": 1},
+        {"err": "CHAIN_VERSION", "msg": "chain 1 is at v5, \"quoted\" \\ \u00e9", "ver": 5,
+         "x": [1, {"y": None}], "f": 1.5e-3})]
+    taken = 0
+    for i in range(3000):
+        text = base[i % 2] if i < 2 else _mutate(rng, base[i % 2])
+        got = _C._json_members(text)
+        if got is None:
+            continue
+        taken += 1
+        py = json.loads(text)  # must not raise
+        assert isinstance(py, dict) and len(py) == len(got), text
+        for k, v in got.items():
+            pv = py[k.decode()]
+            if isinstance(v, bool) or v is None:
+                assert pv is v, text
+            elif isinstance(v, int):
+                assert type(pv) is int and pv == v, text
+            elif isinstance(v, bytes):  # ASCII text as Python reads it; other text is no ASCII
+                assert pv == v.decode() if v.isascii() else not pv.isascii(), text
+    assert taken > 100
+    assert _C._json_members(b'{"\\u0074runcate_to":5}') == {b"truncate_to": 5}
