@@ -1,6 +1,9 @@
 // Python bindings of the chunk engine and CRC32C (module threefs._C).
+#include <cerrno>
 #include <cstring>
+#include <unistd.h>
 #include <memory>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -109,6 +112,60 @@ PYBIND11_MODULE(_C, m) {
       py::arg("data"), py::arg("crc"), py::arg("block_crcs") = py::bytes(""),
       "True when data matches: CRC32C `crc` of the whole, or, when block_crcs (little-endian u32 "
       "per 4 KiB block) is given, every block's CRC32C");
+
+  m.def(
+      "read_verify",
+      [](int fd, py::buffer into, uint64_t offset, uint32_t crc, py::bytes blocks) {
+        py::buffer_info info = into.request(true);
+        if (info.ndim > 1 && !(info.strides.size() && info.strides.back() == info.itemsize))
+          throw py::type_error("into must be a contiguous writable buffer");
+        char* dst = static_cast<char*>(info.ptr);
+        size_t n = static_cast<size_t>(info.size * info.itemsize);
+        std::string t = blocks;
+        size_t nb = (n + kBlockBytes - 1) / kBlockBytes;
+        if (!t.empty() && t.size() != 4 * nb) return py::make_tuple(size_t(0), false);
+        std::vector<uint32_t> got_b(t.empty() ? 0 : nb);
+        // pieces small enough to be CRCed from the cache right after the kernel's copy
+        constexpr size_t kPiece = 256 << 10;
+        size_t got = 0;
+        uint32_t c = 0;
+        int err = 0;
+        {
+          py::gil_scoped_release nogil;
+          while (got < n) {
+            size_t want = std::min(kPiece, n - got);
+            ssize_t r = ::pread(fd, dst + got, want, static_cast<off_t>(offset + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) {
+              err = errno;
+              break;
+            }
+            if (r == 0) break;
+            size_t k = static_cast<size_t>(r);
+            if (t.empty())
+              c = crc32c(c, dst + got, k);
+            else if (got % kBlockBytes == 0 && (k % kBlockBytes == 0 || got + k == n))
+              crc32c_blocks(dst + got, k, got_b.data() + got / kBlockBytes);
+            else
+              break;  // a short read inside a block: counted as not verified
+            got += k;
+          }
+        }
+        if (err) {
+          errno = err;
+          PyErr_SetFromErrno(PyExc_OSError);
+          throw py::error_already_set();
+        }
+        bool ok = got == n && (t.empty() ? c == crc
+                                         : std::memcmp(got_b.data(), t.data(), t.size()) == 0);
+        return py::make_tuple(size_t(got), bool(ok));
+      },
+      py::arg("fd"), py::arg("into"), py::arg("offset"), py::arg("crc"),
+      py::arg("block_crcs") = py::bytes(""),
+      "(bytes read, ok): pread len(into) bytes of fd at offset into `into`, computing their "
+      "CRC32C piece by piece right after each piece is read (one pass while the bytes are in "
+      "the cache), ok when all were read and they match `crc` (whole) or, when block_crcs is "
+      "given, every 4 KiB block's CRC32C; the GIL is released throughout");
 
   py::class_<PySpan>(m, "Span")
       .def_property_readonly("fd", [](const PySpan& p) { return p.s.fd; })

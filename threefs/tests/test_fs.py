@@ -413,3 +413,34 @@ def test_short_circuit_sequential_reads_batched_and_opt_out(cluster):
                 assert c.storage.sc is None
         finally:
             c.close()
+
+
+def test_short_circuit_readahead_batches_grow(cluster):
+    """A long sequential read asks for its blocks in batches that grow to 16 ranges per
+    request (6, 12, 16, 16, ...): 60 blocks in 5 requests (10 with batches of 6); the bytes are
+    the written ones, and a seek starts again from small batches."""
+    c = cluster.client(uid=0, gid=0)
+    try:
+        c.mkdir("/grow", chunk_size=64 * 1024, stripe=3)
+        data = os.urandom(60 * 64 * 1024)
+        with c.open("/grow/f", "wb") as f:
+            f.write(data)
+        st = c.storage.sc.stats
+        r0, q0 = st["reads"], st["requests"]
+        out, buf = bytearray(), bytearray(64 * 1024)
+        with c.open("/grow/f", "rb") as f:
+            while True:
+                buf[:] = b"\xaa" * len(buf)
+                k = f.readinto(buf)
+                if not k:
+                    break
+                out += buf[:k]
+            assert out == data
+            assert st["reads"] - r0 == 60 and st["requests"] - q0 == 5, st
+            f.seek(10 * 64 * 1024)  # the prefetched blocks are dropped; the window restarts
+            q1 = st["requests"]
+            assert f.readinto(buf) == len(buf) and buf == data[10 * 65536:11 * 65536]
+            # 6 ranges, then 12 right after the first block: 17 prefetched (not 16 + 16 - 1)
+            assert len(f._ra) == 17 and st["requests"] - q1 == 2
+    finally:
+        c.close()

@@ -301,3 +301,52 @@ def test_batch_answers_each_range_on_its_own(craq):
             cl.start_batch(nodes[1].addr, [args_for(sc, a)] * (shortcircuit.MAX_ITEMS + 1))
     finally:
         cl.close()
+
+
+def test_read_verify_reads_and_checks_in_one_pass(tmp_path):
+    """_C.read_verify: the bytes of a file range into a buffer, checked against a whole-range
+    CRC32C or per-4 KiB-block CRCs (the oracle: _C.crc32c / crc32c_blocks on the written bytes);
+    a flipped byte, a wrong table or a range past the end is reported, a bad descriptor raises."""
+    import struct
+    from threefs import _C
+
+    rng = random.Random()
+    n = rng.randrange(1, 300) * 4096 + rng.randrange(0, 4096)
+    data = rng.randbytes(n)
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * 4096 + data)
+
+    def blocks(b):
+        crcs = _C.crc32c_blocks(b)[1]
+        return struct.pack(f"<{len(crcs)}I", *crcs)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(b"\xaa" * n)
+        assert _C.read_verify(fd, buf, 4096, _C.crc32c(data)) == (n, True) and buf == data
+        buf[:] = b"\xaa" * n
+        assert _C.read_verify(fd, buf, 4096, 0, blocks(data)) == (n, True) and buf == data
+        assert _C.read_verify(fd, buf, 4096, _C.crc32c(data) ^ 1) == (n, False)
+        bad = bytearray(blocks(data))
+        bad[-1] ^= 1
+        assert _C.read_verify(fd, buf, 4096, 0, bytes(bad)) == (n, False)
+        assert _C.read_verify(fd, buf, 4096, 0, blocks(data)[:-4]) == (0, False)
+        # past the end of the file: fewer bytes than asked, never verified
+        assert _C.read_verify(fd, buf, 8192, _C.crc32c(data)) == (n - 4096, False)
+    finally:
+        os.close(fd)
+    with open(path, "r+b") as f:  # one flipped byte on disk
+        f.seek(4096 + rng.randrange(n))
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _C.read_verify(fd, buf, 4096, _C.crc32c(data)) == (n, False)
+        assert _C.read_verify(fd, buf, 4096, 0, blocks(data)) == (n, False)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):
+        _C.read_verify(fd, buf, 0, 0)  # closed descriptor
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        _C.read_verify(0, b"read-only", 0, 0)

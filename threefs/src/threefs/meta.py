@@ -282,7 +282,8 @@ class MetaService:
             if sid:
                 ino.setdefault("sessions", {})[sid] = time.time()
                 t.put(skey(ino["id"], sid), str(time.time()).encode())
-            self._put(t, ino)
+            if created or trunc or sid:  # a read-only open of an existing file changes nothing
+                self._put(t, ino)
             return ino, trunc
 
         ino, trunc = self.kv.transact(txn)

@@ -397,27 +397,24 @@ class Pending:
         bytes do not match their stored CRC32C."""
         cl = self.batch.client
         res, fd = self.receive()
-        got, n = 0, 0
+        n, ok = 0, True
         try:
             n = int(res.get("n", 0)) if fd >= 0 else 0
             dst = memoryview(into).cast("B") if into is not None else memoryview(bytearray(n))
             if n > dst.nbytes:
                 raise rpc.RpcError("EINVAL", f"short-circuit answer of {n} bytes for a buffer of "
                                    f"{dst.nbytes}")
-            dst, off = dst[:n], int(res.get("off", 0))
-            while got < n:
-                r = os.preadv(fd, [dst[got:]], off + got)
-                if r <= 0:
-                    break
-                got += r
+            dst = dst[:n]
+            if n:  # read and CRC32C-checked in one pass (GIL released)
+                bcrc = res.get("_bcrc")
+                ok = _C.read_verify(fd, dst, int(res.get("off", 0)), int(res.get("_crc") or 0),
+                                    bytes.fromhex(bcrc) if bcrc else b"")[1]
         finally:
             if fd >= 0:
                 os.close(fd)  # closed before its lease is released
             self.release(res)
         if n:
-            bcrc = res.get("_bcrc")
-            if got != n or not _C.verify_crc32c(dst, int(res.get("_crc") or 0),
-                                                bytes.fromhex(bcrc) if bcrc else b""):
+            if not ok:
                 cl.stats["crc_errors"] += 1
                 raise rpc.RpcError("CHECKSUM", f"short-circuit bytes of chunk {self.chunk} do "
                                    "not match their stored CRC32C")

@@ -1,0 +1,130 @@
+"""CPU time per MiB read on a local 3-node, 3-replica cluster (where the read path spends).
+
+    python threefs/benchmarks/bench_read_cpu.py [--procs 1,4] [--rounds 4] [--tcp] [--json out.json]
+
+P client processes each write a file of size-mib / P MiB once (untimed), read it once (untimed:
+connections up), then read it `rounds` times sequentially (open "rb", 1 MiB readinto, as
+bench_io.py's seq-read) between two samples of: the CPU time of the three storage processes
+(/proc/<pid>/stat), the clients' own CPU time (os.times) and the machine's CPU counters
+(/proc/stat). Reported per MiB read: client, each storage node, their total; the read throughput
+of the same minutes. Reads go short-circuit (the default client) unless --tcp.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+MiB = 1 << 20
+
+
+def _proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _machine() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def _read_all(f, buf) -> int:
+    n = 0
+    while True:
+        k = f.readinto(buf)
+        if not k:
+            return n
+        n += k
+
+
+def _worker(args):
+    mgmtd, secret, path, per_mib, rounds, barrier_t, sc, ra = args
+    import threefs
+    kw = {} if ra is None else {"readahead": ra}
+    fs = threefs.Client(mgmtd, secret, uid=0, gid=0, io_threads=1, short_circuit=sc, **kw)
+    buf = bytearray(MiB)
+    with fs.open(path, "rb") as f:  # untimed: connections set up
+        _read_all(f, buf)
+    while time.time() < barrier_t:
+        time.sleep(0.001)
+    c0, t = os.times(), time.perf_counter()
+    n = 0
+    for _ in range(rounds):
+        with fs.open(path, "rb") as f:
+            n += _read_all(f, buf)
+    dt, c1 = time.perf_counter() - t, os.times()
+    fs.close()
+    assert n == rounds * per_mib * MiB, n
+    return dt, (c1.user - c0.user) + (c1.system - c0.system)
+
+
+def measure(cl, procs: int, size_mib: int, rounds: int, sc: bool, ra=None) -> dict:
+    pids = [p["pid"] for p in cl.procs.values() if p["service"] == "storage"]
+    per = max(1, size_mib // procs)
+    fs = cl.client(uid=0, gid=0)
+    blk = os.urandom(MiB)
+    for i in range(procs):
+        with fs.open(f"/rd{procs}_{i}", "wb") as f:
+            for _ in range(per):
+                f.write(blk)
+    fs.close()
+    barrier = time.time() + 1.0 + 0.4 * procs
+    jobs = [(cl.mgmtd_addrs, cl.secret, f"/rd{procs}_{i}", per, rounds, barrier, sc, ra)
+            for i in range(procs)]
+    with mp.get_context("fork").Pool(procs) as pool:
+        r = pool.map_async(_worker, jobs)
+        while time.time() < barrier:
+            time.sleep(0.005)
+        s0, m0 = [_proc_cpu(p) for p in pids], _machine()
+        res = r.get(timeout=600)
+        s1, m1 = [_proc_cpu(p) for p in pids], _machine()
+    mib = procs * per * rounds
+    wall = max(d for d, _ in res)
+    storage = [(b - a) * 1e3 / mib for a, b in zip(s0, s1)]
+    client = sum(c for _, c in res) * 1e3 / mib
+    d = [b - a for a, b in zip(m0, m1)]
+    idle = (d[3] + d[4]) / max(1, sum(d))
+    return {"procs": procs, "mib": mib, "mib_s": mib / wall, "client_ms_per_mib": client,
+            "storage_ms_per_mib": storage, "total_ms_per_mib": client + sum(storage),
+            "machine_idle": idle, "loadavg": os.getloadavg()[0]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", default="1,4")
+    ap.add_argument("--size-mib", type=int, default=128, help="MiB per round, all clients")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--tcp", action="store_true", help="reads over TCP only (no short-circuit)")
+    ap.add_argument("--readahead", type=int, default=None, help="Client(readahead=) (default: its own)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    from threefs import LocalCluster, __version__
+    root = tempfile.mkdtemp(prefix="threefs-rcpu-")
+    rows = []
+    try:
+        with LocalCluster(os.path.join(root, "cluster"), 3, 3) as cl:
+            for p in [int(x) for x in a.procs.split(",")]:
+                rows.append(measure(cl, p, a.size_mib, a.rounds, not a.tcp, a.readahead))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print("| procs | MiB read | MiB/s | client ms/MiB | storage ms/MiB (each node) "
+          "| total ms/MiB | machine idle |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        st = " / ".join(f"{x:.3f}" for x in r["storage_ms_per_mib"])
+        print(f"| {r['procs']} | {r['mib']} | {r['mib_s']:.0f} | {r['client_ms_per_mib']:.3f} "
+              f"| {st} | {r['total_ms_per_mib']:.3f} | {100 * r['machine_idle']:.0f}% |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"version": __version__, "cpus": os.cpu_count(), "tcp": a.tcp,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
