@@ -415,10 +415,10 @@ def test_short_circuit_sequential_reads_batched_and_opt_out(cluster):
             c.close()
 
 
-def test_short_circuit_readahead_batches_grow(cluster):
-    """A long sequential read asks for its blocks in batches that grow to 16 ranges per
-    request (6, 12, 16, 16, ...): 60 blocks in 5 requests (10 with batches of 6); the bytes are
-    the written ones, and a seek starts again from small batches."""
+def test_short_circuit_readahead_batches_of_16(cluster):
+    """A long sequential read asks for its blocks 16 ranges per request: 60 blocks in 4
+    requests (10 with the batches of 6 before); the bytes are the written ones, also after a
+    seek into the middle."""
     c = cluster.client(uid=0, gid=0)
     try:
         c.mkdir("/grow", chunk_size=64 * 1024, stripe=3)
@@ -436,11 +436,14 @@ def test_short_circuit_readahead_batches_grow(cluster):
                     break
                 out += buf[:k]
             assert out == data
-            assert st["reads"] - r0 == 60 and st["requests"] - q0 == 5, st
-            f.seek(10 * 64 * 1024)  # the prefetched blocks are dropped; the window restarts
+            assert st["reads"] - r0 == 60 and st["requests"] - q0 == 4, st
+            f.seek(10 * 64 * 1024)  # the prefetched blocks are dropped; a new window starts
             q1 = st["requests"]
+            buf[:] = b"\xaa" * len(buf)
             assert f.readinto(buf) == len(buf) and buf == data[10 * 65536:11 * 65536]
-            # 6 ranges, then 12 right after the first block: 17 prefetched (not 16 + 16 - 1)
-            assert len(f._ra) == 17 and st["requests"] - q1 == 2
+            # 16 ranges, then 16 more right after the first block: 31 prefetched
+            assert len(f._ra) == 31 and st["requests"] - q1 == 2
+            rest = f.read()
+            assert rest == data[11 * 65536:]
     finally:
         c.close()

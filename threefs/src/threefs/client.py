@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import rpc
 from .chunk import chunk_id
 from .common import MgmtdClient
-from .shortcircuit import MAX_ITEMS as SC_BATCH_MAX
+from .shortcircuit import MAX_ITEMS as SC_BATCH
 from .storage_client import StorageClient, raise_os
 
 _MODES = {"r": ({"read"}, False), "rb": ({"read"}, False),
@@ -360,7 +360,6 @@ class File(io.RawIOBase):
         self._wrote = False
         # readahead, oldest first: (file offset, length, chain, chunk id, chunk offset, started)
         self._ra: list = []
-        self._sc_batch = 0  # blocks in the next short-circuit readahead batch (0: the first)
         # write-behind, oldest first: (chain, chunk id, chunk offset, bytes, rpc.Pending)
         self._wb: list = []
 
@@ -405,7 +404,6 @@ class File(io.RawIOBase):
         else:
             if ra is not None:
                 self._drop_readahead(ra)
-            self._sc_batch = 0  # not where the window was: start again from a small batch
             if n and self.client.readahead and "write" not in self.flags:
                 self._top_up(n)  # this block goes out with the first readahead batch
             ra = self._ra.pop(0) if self._ra else None
@@ -425,21 +423,18 @@ class File(io.RawIOBase):
     def _top_up(self, n: int):
         """Keep the readahead window filled with blocks of n bytes. Over TCP: `readahead`
         blocks, one request each (on random replicas: several serve at once). Short-circuit:
-        batches of b blocks, one request per node each (a descriptor per block: no bytes move
-        until they are read), the next one sent when b or fewer blocks are left; b starts at
-        2 x `readahead` and doubles with each batch of a sequential read up to the ranges one
-        request carries (shortcircuit.MAX_ITEMS), so that a long read pays one round trip and
-        one request's work per 16 blocks, a short one waits for few. A read that finds no
-        prefetched block starts the window at its own block, so that this block goes out
-        with the first batch."""
+        batches of b = max(16, 2 x `readahead`) blocks, one request per node each (a descriptor
+        per block: no bytes move until they are read), the next one sent when b or fewer
+        blocks are left (a window of up to 2b): a long read pays one round trip and one
+        request's work on each side per 16 blocks (16 is what one request carries,
+        shortcircuit.MAX_ITEMS). A read that finds no prefetched block starts the window at
+        its own block, so that this block goes out with the first batch."""
         ra, sc = self.client.readahead, self.client.storage.sc is not None
-        b = (self._sc_batch or 2 * ra) if sc else ra
+        b = max(SC_BATCH, 2 * ra) if sc else ra
         if len(self._ra) >= (b + 1 if sc else ra):
             return
         nxt = self._ra[-1][0] + self._ra[-1][1] if self._ra else self.pos
         want = []
-        if sc:
-            self._sc_batch = min(2 * b, max(SC_BATCH_MAX, 2 * ra))
         for _ in range(b if sc else ra - len(self._ra)):
             k = min(n, self.size - nxt)
             if k < (64 << 10):
@@ -465,7 +460,6 @@ class File(io.RawIOBase):
         for ra in ([first] if first else []) + self._ra:
             ra[5][0].cancel()
         self._ra = []
-        self._sc_batch = 0
 
     def read(self, size: int = -1) -> bytes:
         self._check("read")
