@@ -13,25 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
 import tempfile
 import time
 
-MiB = 1 << 20
-
-
-def _proc_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _machine() -> list[int]:
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:]]
+from bench_write_cpu import MiB, print_table, sample  # (same folder: the script's own)
 
 
 def _read_all(f, buf) -> int:
@@ -65,7 +53,6 @@ def _worker(args):
 
 
 def measure(cl, procs: int, size_mib: int, rounds: int, sc: bool, ra=None) -> dict:
-    pids = [p["pid"] for p in cl.procs.values() if p["service"] == "storage"]
     per = max(1, size_mib // procs)
     fs = cl.client(uid=0, gid=0)
     blk = os.urandom(MiB)
@@ -77,22 +64,7 @@ def measure(cl, procs: int, size_mib: int, rounds: int, sc: bool, ra=None) -> di
     barrier = time.time() + 1.0 + 0.4 * procs
     jobs = [(cl.mgmtd_addrs, cl.secret, f"/rd{procs}_{i}", per, rounds, barrier, sc, ra)
             for i in range(procs)]
-    with mp.get_context("fork").Pool(procs) as pool:
-        r = pool.map_async(_worker, jobs)
-        while time.time() < barrier:
-            time.sleep(0.005)
-        s0, m0 = [_proc_cpu(p) for p in pids], _machine()
-        res = r.get(timeout=600)
-        s1, m1 = [_proc_cpu(p) for p in pids], _machine()
-    mib = procs * per * rounds
-    wall = max(d for d, _ in res)
-    storage = [(b - a) * 1e3 / mib for a, b in zip(s0, s1)]
-    client = sum(c for _, c in res) * 1e3 / mib
-    d = [b - a for a, b in zip(m0, m1)]
-    idle = (d[3] + d[4]) / max(1, sum(d))
-    return {"procs": procs, "mib": mib, "mib_s": mib / wall, "client_ms_per_mib": client,
-            "storage_ms_per_mib": storage, "total_ms_per_mib": client + sum(storage),
-            "machine_idle": idle, "loadavg": os.getloadavg()[0]}
+    return {"procs": procs, **sample(cl, _worker, jobs, barrier, procs * per * rounds)}
 
 
 def main(argv=None):
@@ -113,13 +85,7 @@ def main(argv=None):
                 rows.append(measure(cl, p, a.size_mib, a.rounds, not a.tcp, a.readahead))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print("| procs | MiB read | MiB/s | client ms/MiB | storage ms/MiB (each node) "
-          "| total ms/MiB | machine idle |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        st = " / ".join(f"{x:.3f}" for x in r["storage_ms_per_mib"])
-        print(f"| {r['procs']} | {r['mib']} | {r['mib_s']:.0f} | {r['client_ms_per_mib']:.3f} "
-              f"| {st} | {r['total_ms_per_mib']:.3f} | {100 * r['machine_idle']:.0f}% |")
+    print_table(rows, "read", 3)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"version": __version__, "cpus": os.cpu_count(), "tcp": a.tcp,

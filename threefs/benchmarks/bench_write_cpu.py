@@ -55,28 +55,44 @@ def _worker(args):
     return dt, (c1.user - c0.user) + (c1.system - c0.system)
 
 
-def measure(cl, procs: int, size_mib: int, rounds: int) -> dict:
+def sample(cl, worker, jobs: list, barrier: float, mib: int) -> dict:
+    """Runs `worker` over `jobs` (one client process each; each returns (wall s, CPU s) of its timed
+    part, which starts at `barrier`) and samples the storage processes' and the machine's CPU
+    counters around it. Per-MiB figures of the `mib` MiB the clients moved in all."""
     pids = [p["pid"] for p in cl.procs.values() if p["service"] == "storage"]
-    per = max(1, size_mib // procs)
-    barrier = time.time() + 1.0 + 0.4 * procs
-    jobs = [(cl.mgmtd_addrs, cl.secret, f"/cpu{procs}_{i}", per, rounds, barrier)
-            for i in range(procs)]
-    with mp.get_context("fork").Pool(procs) as pool:
-        r = pool.map_async(_worker, jobs)
+    with mp.get_context("fork").Pool(len(jobs)) as pool:
+        r = pool.map_async(worker, jobs)
         while time.time() < barrier:
             time.sleep(0.005)
         s0, m0 = [_proc_cpu(p) for p in pids], _machine()
         res = r.get(timeout=600)
         s1, m1 = [_proc_cpu(p) for p in pids], _machine()
-    mib = procs * per * rounds
     wall = max(d for d, _ in res)
     storage = [(b - a) * 1e3 / mib for a, b in zip(s0, s1)]
     client = sum(c for _, c in res) * 1e3 / mib
     d = [b - a for a, b in zip(m0, m1)]
     idle = (d[3] + d[4]) / max(1, sum(d))
-    return {"procs": procs, "mib": mib, "mib_s": mib / wall, "client_ms_per_mib": client,
+    return {"mib": mib, "mib_s": mib / wall, "client_ms_per_mib": client,
             "storage_ms_per_mib": storage, "total_ms_per_mib": client + sum(storage),
             "machine_idle": idle, "loadavg": os.getloadavg()[0]}
+
+
+def print_table(rows: list, moved: str, digits: int) -> None:
+    print(f"| procs | MiB {moved} | MiB/s | client ms/MiB | storage ms/MiB (each node) "
+          "| total ms/MiB | machine idle |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        st = " / ".join(f"{x:.{digits}f}" for x in r["storage_ms_per_mib"])
+        print(f"| {r['procs']} | {r['mib']} | {r['mib_s']:.0f} | {r['client_ms_per_mib']:.{digits}f} "
+              f"| {st} | {r['total_ms_per_mib']:.{digits}f} | {100 * r['machine_idle']:.0f}% |")
+
+
+def measure(cl, procs: int, size_mib: int, rounds: int) -> dict:
+    per = max(1, size_mib // procs)
+    barrier = time.time() + 1.0 + 0.4 * procs
+    jobs = [(cl.mgmtd_addrs, cl.secret, f"/cpu{procs}_{i}", per, rounds, barrier)
+            for i in range(procs)]
+    return {"procs": procs, **sample(cl, _worker, jobs, barrier, procs * per * rounds)}
 
 
 def main(argv=None):
@@ -95,13 +111,7 @@ def main(argv=None):
                 rows.append(measure(cl, p, a.size_mib, a.rounds))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print("| procs | MiB written | MiB/s | client ms/MiB | storage ms/MiB (each node) "
-          "| total ms/MiB | machine idle |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        st = " / ".join(f"{x:.2f}" for x in r["storage_ms_per_mib"])
-        print(f"| {r['procs']} | {r['mib']} | {r['mib_s']:.0f} | {r['client_ms_per_mib']:.2f} "
-              f"| {st} | {r['total_ms_per_mib']:.2f} | {100 * r['machine_idle']:.0f}% |")
+    print_table(rows, "written", 2)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"version": __version__, "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
