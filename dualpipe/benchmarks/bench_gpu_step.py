@@ -439,6 +439,13 @@ def worker(rank, P, port, args, out_path):
                           f"{'FAILED' if errs else 'ok'} in {time.perf_counter() - t0:.1f} s", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    # Everything is written (rank 0's JSON after each schedule). Leave without the interpreter's teardown:
+    # a fresh-clone CI run once saw a rank abort there ("terminate called without an active exception",
+    # a C++ thread object of the torch/gloo runtime destroyed while joinable) after all schedules were
+    # done, which the parent reads as a crashed run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ---- analysis (parent) ---------------------------------------------------------------------------
