@@ -596,6 +596,13 @@ int FastPath::head_write(int64_t tid, int64_t chain, uint64_t chain_ver, const s
   }, err);
 }
 
+// The answer of a request handled here (counted), as a kind-1 frame. 1: sent, -errno: not sent.
+int FastPath::send_answer(int fd, const uint8_t key[32], uint64_t* send_seq, const std::string& answer) {
+  handled_++;
+  int e = send_frame(fd, key, send_seq, 1, answer, nullptr, 0);
+  return e ? e : 1;
+}
+
 // 1: handled (answer sent), 0: not an ordinary full-chunk forward (Python takes the frame),
 // -errno: the answer could not be sent.
 int FastPath::try_fwd(int fd, const uint8_t key[32], const uint8_t* hdr, const std::string& meta,
@@ -664,9 +671,7 @@ int FastPath::try_fwd(int fd, const uint8_t key[32], const uint8_t* hdr, const s
   } catch (...) {
     answer = engine_error(std::current_exception());
   }
-  handled_++;
-  int e = send_frame(fd, key, send_seq, 1, answer, nullptr, 0);
-  return e ? e : 1;
+  return send_answer(fd, key, send_seq, answer);
 }
 
 // StorageNode._write for a full-chunk write with a successor. 1: handled, 0: Python takes the
@@ -747,9 +752,7 @@ int FastPath::try_write(int fd, const uint8_t key[32], const uint8_t gkey[16], c
       answer = engine_error(std::current_exception());
     }
   }
-  handled_++;
-  int e = send_frame(fd, key, send_seq, 1, answer, nullptr, 0);
-  return e ? e : 1;
+  return send_answer(fd, key, send_seq, answer);
 }
 
 int FastPath::serve(int fd, const uint8_t key[32], int flags, uint64_t* recv_seq,

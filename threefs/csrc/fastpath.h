@@ -104,6 +104,7 @@ class FastPath {
   uint64_t handled() const { return handled_; }
 
  private:
+  int send_answer(int fd, const uint8_t key[32], uint64_t* send_seq, const std::string& answer);
   int try_fwd(int fd, const uint8_t key[32], const uint8_t* hdr, const std::string& meta,
               const char* data, size_t len, uint64_t* recv_seq, uint64_t* send_seq);
   int try_write(int fd, const uint8_t key[32], const uint8_t gkey[16], const uint8_t* hdr,
