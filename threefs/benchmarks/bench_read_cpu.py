@@ -19,16 +19,8 @@ import sys
 import tempfile
 import time
 
+from bench_io import read_all
 from bench_write_cpu import MiB, print_table, sample  # (same folder: the script's own)
-
-
-def _read_all(f, buf) -> int:
-    n = 0
-    while True:
-        k = f.readinto(buf)
-        if not k:
-            return n
-        n += k
 
 
 def _worker(args):
@@ -36,16 +28,15 @@ def _worker(args):
     import threefs
     kw = {} if ra is None else {"readahead": ra}
     fs = threefs.Client(mgmtd, secret, uid=0, gid=0, io_threads=1, short_circuit=sc, **kw)
-    buf = bytearray(MiB)
     with fs.open(path, "rb") as f:  # untimed: connections set up
-        _read_all(f, buf)
+        read_all(f)
     while time.time() < barrier_t:
         time.sleep(0.001)
     c0, t = os.times(), time.perf_counter()
     n = 0
     for _ in range(rounds):
         with fs.open(path, "rb") as f:
-            n += _read_all(f, buf)
+            n += read_all(f)
     dt, c1 = time.perf_counter() - t, os.times()
     fs.close()
     assert n == rounds * per_mib * MiB, n

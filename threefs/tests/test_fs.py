@@ -388,6 +388,18 @@ def test_preconnect_pools_connections_and_arguments_are_checked(cluster):
             cluster.client(uid=0, gid=0, **kw)
 
 
+def read_poisoned(f, bufsize: int) -> bytearray:
+    """The rest of file object f, by readinto calls into one buffer of bufsize bytes refilled with
+    0xAA before each call (a short or stale fill shows in the result)."""
+    out, buf = bytearray(), bytearray(bufsize)
+    while True:
+        buf[:] = b"\xaa" * bufsize
+        k = f.readinto(buf)
+        if not k:
+            return out
+        out += buf[:k]
+
+
 def test_short_circuit_sequential_reads_batched_and_opt_out(cluster):
     """The storage nodes run on this host: a sequential read goes short-circuit, its readahead
     several blocks per request; with short_circuit=False the same bytes come over TCP."""
@@ -397,15 +409,8 @@ def test_short_circuit_sequential_reads_batched_and_opt_out(cluster):
         try:
             with c.open(f"/scseq{sc}", "wb") as f:
                 f.write(data)
-            out, buf = bytearray(), bytearray(1 << 20)
             with c.open(f"/scseq{sc}", "rb") as f:
-                while True:
-                    buf[:] = b"\xaa" * len(buf)
-                    k = f.readinto(buf)
-                    if not k:
-                        break
-                    out += buf[:k]
-            assert out == data
+                assert read_poisoned(f, 1 << 20) == data
             if sc:
                 st = c.storage.sc.stats
                 assert st["reads"] == 6 and st["requests"] <= 3, st
@@ -427,19 +432,12 @@ def test_short_circuit_readahead_batches_of_16(cluster):
             f.write(data)
         st = c.storage.sc.stats
         r0, q0 = st["reads"], st["requests"]
-        out, buf = bytearray(), bytearray(64 * 1024)
         with c.open("/grow/f", "rb") as f:
-            while True:
-                buf[:] = b"\xaa" * len(buf)
-                k = f.readinto(buf)
-                if not k:
-                    break
-                out += buf[:k]
-            assert out == data
+            assert read_poisoned(f, 64 * 1024) == data
             assert st["reads"] - r0 == 60 and st["requests"] - q0 == 4, st
             f.seek(10 * 64 * 1024)  # the prefetched blocks are dropped; a new window starts
             q1 = st["requests"]
-            buf[:] = b"\xaa" * len(buf)
+            buf = bytearray(b"\xaa" * 65536)
             assert f.readinto(buf) == len(buf) and buf == data[10 * 65536:11 * 65536]
             # 16 ranges, then 16 more right after the first block: 31 prefetched
             assert len(f._ra) == 31 and st["requests"] - q1 == 2
