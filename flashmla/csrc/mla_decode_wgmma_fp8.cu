@@ -46,7 +46,6 @@ constexpr int PF = 4;                                          // L2 prefetch di
 // landing in slabs raw_slab(bx), raw_slab(bx) + 1 of the stage they are dequantised into
 constexpr int RAW_BOX = 256 * PAGE;
 __device__ __forceinline__ int raw_slab(int bx) { return 4 + 2 * bx; }
-constexpr int RAW_FULL = 48;        // raw_full[s] mbarriers at uBar + 48 + 8 s (begin_cta)
 constexpr int BAR_PRODUCER = 7;     // named barrier of the producer warpgroup (consumers use 1-6)
 // register split: the launch gives 168 per thread (65536 / 384, 1 CTA/SM); what the producer
 // releases (128 x (168 - P)) must cover what the consumers take (256 x (C - 168))
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
         const int s = it & 1;
         const int valid = w.L - blk * PAGE;     // tokens of this page inside the request (>= 1)
-        const uint32_t stage = uK + s * TILE, raw_full = uBar + RAW_FULL + 8 * s;
+        const uint32_t stage = uK + s * TILE, raw_full = uBar + OFF_RAW_FULL + 8 * s;
         const int next_page = blk + 1 < w.kend ? bt[blk + 1] : 0;
         const int pf_page = t == 0 && blk + PF < w.kend ? bt[blk + PF] : -1;
         // the scales of this thread's 16 (token, box) pairs, from global memory (L2 after the prefetch)

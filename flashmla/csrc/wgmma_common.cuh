@@ -24,6 +24,7 @@ constexpr int BM = 64, NTHREADS = 384;
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
 // misc: 6 mbarriers (full[2], empty[2], q_full, q_empty; the FP8 kernel adds raw_full[2]), alpha[2][64], inv[2][64]
 constexpr int MISC = 64 + 4 * 64 * 4;
+constexpr int OFF_RAW_FULL = 48;  // FP8 kernel: raw_full[2] mbarriers at uBar + 48, + 56 (after the 6 above)
 constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
 // named barriers (0 is __syncthreads); P_FULL alternates by page parity so that WG1 can arrive for
@@ -147,8 +148,8 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
     mbar_init(c.bar_qfull, 1);
     mbar_init(c.bar_qempty, 128);           // WG1 after the last S of a request
     if (raw_full) {                         // FP8 wgmma kernel: raw_full[s] (expect_tx + bytes)
-      mbar_init(c.uBar + 48, 1);
-      mbar_init(c.uBar + 56, 1);
+      mbar_init(c.uBar + OFF_RAW_FULL, 1);
+      mbar_init(c.uBar + OFF_RAW_FULL + 8, 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_async_smem();
