@@ -220,8 +220,11 @@ def main():
                "DEEPGEMM_TMA_STORE": large,  # dense only
                "DEEPGEMM_MIN_SMS": large + contig,
                # split-K applies to FP8 dense at M <= 128 only: the 18 small-M DeepSeek-V3 rows
-               "DEEPGEMM_SPLIT_K": [("dense", m, n, k) for m in (1, 64, 128) for n, k in DENSE_NK]}
-    with_peer = {"DEEPGEMM_SPLIT_K"}  # also time cuBLAS blockwise per case: speed-ups per value in one run
+               "DEEPGEMM_SPLIT_K": [("dense", m, n, k) for m in (1, 64, 128) for n, k in DENSE_NK],
+               # PDL changes every launch: all dense rows, two masked and two contiguous cases
+               "DEEPGEMM_PDL": [("dense", m, n, k) for m in DENSE_M for n, k in DENSE_NK]
+               + [("masked", 8, 4096, 7168), ("masked", 32, 7168, 2048)] + contig[:1] + contig[-1:]}
+    with_peer = {"DEEPGEMM_SPLIT_K", "DEEPGEMM_PDL"}  # also time cuBLAS blockwise per case: speed-ups per value in one run
     for spec in args.compare:
         env, values = spec.split("=")
         envs = env.split("&")

@@ -73,6 +73,12 @@ SPLIT_K_MAX = 16
 # and 128): splits the model rated 0.83-0.88 won 5-21 %, those rated 0.90-0.94 lost 2-8 % (N = 4096, K = 7168;
 # N = 7168, K = 16384 at M = 64)
 SPLIT_K_GAIN = 0.885
+# Programmatic dependent launch: every kernel is launched with the PDL attribute, so that in a stream (or CUDA
+# graph) of such kernels the next one's launch and prologue overlap the tail of the one before (each waits in
+# grid_dep_wait, sm90_gemm.cuh, before its first global access). DEEPGEMM_PDL=0|1 overrides. On by default:
+# H200 2026-11-29 (BENCHMARKS.md run 12), dense geo-mean vs cuBLAS blockwise 1.16x -> 1.21x, +3 to +11 % at
+# M <= 128, within noise at M = 4096. (An L2 prefetch of the first B boxes before the wait measured slower.)
+PDL_DEFAULT = "1"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -105,6 +111,7 @@ class Config:
     min_sms: int = 0  # 1: launch only as many CTAs as the waves of tiles need (launch_grid)
     rs: int = 0  # 1 (FP8 BN = 256): WGMMAs take A from registers (DEEPGEMM_BN256=2)
     splitk: int = 0  # S >= 2 (FP8 dense, M <= 128): cross-CTA split-K into S slices of K (DEEPGEMM_SPLIT_K)
+    pdl: int = 0  # 1: launched as a programmatic dependent (DEEPGEMM_PDL; the launch only, like min_sms)
 
     @property
     def threads(self) -> int:
@@ -282,14 +289,27 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_BN256", BN256_DEFAULT),
                         os.environ.get("DEEPGEMM_TMA_STORE", TMA_STORE_DEFAULT),
                         os.environ.get("DEEPGEMM_MIN_SMS", MIN_SMS_DEFAULT),
-                        os.environ.get("DEEPGEMM_SPLIT_K", SPLIT_K_DEFAULT))
+                        os.environ.get("DEEPGEMM_SPLIT_K", SPLIT_K_DEFAULT),
+                        os.environ.get("DEEPGEMM_PDL", PDL_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
 def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
-                 tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT) -> Config:
+                 tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT,
+                 pdl_env=PDL_DEFAULT) -> Config:
+    cfg = _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
+                         small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env,
+                         min_sms_env, split_k_env)
+    if pdl_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
+    return replace(cfg, pdl=int(pdl_env))
+
+
+def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
+                   small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env, min_sms_env,
+                   split_k_env) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if min_sms_env not in ("0", "1"):
@@ -393,9 +413,11 @@ def wgmma_rs_specialisation(n: int) -> str:
 
 
 def _source_fields(cfg: Config) -> dict:
-    """The configuration as the source's first line records it: min_sms only sizes the grid (one kernel, one
-    cache entry for both values), and a zero tstore is left out (the default kernels' first line as before)."""
-    return {k: v for k, v in asdict(cfg).items() if k != "min_sms" and not (k in ("tstore", "rs", "splitk") and v == 0)}
+    """The configuration as the source's first line records it: min_sms and pdl only shape the launch (one
+    kernel, one cache entry for either value), and a zero tstore, rs or splitk is left out (the default
+    kernels' first line as before)."""
+    return {k: v for k, v in asdict(cfg).items()
+            if k not in ("min_sms", "pdl") and not (k in ("tstore", "rs", "splitk") and v == 0)}
 
 
 def kernel_source(cfg: Config) -> str:
@@ -508,7 +530,7 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
         args.append(runtime.tensor_map_2d(d.data_ptr(), runtime.DT_BFLOAT16, n, d.numel() // n, n * 2, 64, 64,
                                           runtime.SWIZZLE_128B))
     kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(),
-                launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args)
+                launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args, pdl=bool(cfg.pdl))
 
 
 _workspaces: dict = {}

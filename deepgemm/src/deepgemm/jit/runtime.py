@@ -18,6 +18,16 @@ DT_UINT8, DT_FLOAT32, DT_BFLOAT16 = 0, 7, 9
 SWIZZLE_NONE, SWIZZLE_128B = 0, 3
 L2_PROMO_256B = 3
 MAX_DYNAMIC_SMEM_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+
+
+class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
 def lib():
@@ -31,6 +41,8 @@ def lib():
             cu.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
             cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                            ctypes.c_void_p]
             cu.cuTensorMapEncodeTiled.argtypes = [
                 ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p,
                 ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
@@ -72,13 +84,20 @@ class Kernel:
             self._funcs[device] = f
         return f
 
-    def launch(self, device: int, grid: int, threads: int, args: list) -> None:
-        """args: ctypes objects in the kernel's parameter order."""
+    def launch(self, device: int, grid: int, threads: int, args: list, pdl: bool = False) -> None:
+        """args: ctypes objects in the kernel's parameter order. pdl: launch as a programmatic dependent of the
+        stream's previous kernel (the kernel must wait in griddepcontrol.wait before touching global memory)."""
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         stream = torch.cuda.current_stream(device).cuda_stream
-        err = lib().cuLaunchKernel(self.func(device), grid, 1, 1, threads, 1, 1, self.smem,
-                                   ctypes.c_void_p(stream), ptrs, None)
-        check(err, f"cuLaunchKernel({self.name})")
+        if not pdl:
+            err = lib().cuLaunchKernel(self.func(device), grid, 1, 1, threads, 1, 1, self.smem,
+                                       ctypes.c_void_p(stream), ptrs, None)
+            check(err, f"cuLaunchKernel({self.name})")
+            return
+        attr = LaunchAttribute(id=ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1
+        cfg = LaunchConfig((grid, 1, 1), (threads, 1, 1), self.smem, ctypes.c_void_p(stream), ctypes.pointer(attr), 1)
+        check(lib().cuLaunchKernelEx(ctypes.byref(cfg), self.func(device), ptrs, None), f"cuLaunchKernelEx({self.name})")
 
 
 class TmaDesc(ctypes.Structure):

@@ -86,6 +86,12 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ __forceinline__ void tma_prefetch(const TmaDesc* desc) {
   asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(desc)) : "memory");
 }
+// programmatic dependent launch (DEEPGEMM_PDL): a kernel launched with it may start while the previous kernel
+// of the stream is still running; it must not touch global memory before grid_dep_wait, which returns once that
+// kernel has finished and its writes are visible. grid_dep_launch lets the next such kernel's CTAs start on
+// SMs ours leave. Both are no-ops in a kernel launched without the attribute.
+__device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_dep_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void named_bar_sync(u32 id, u32 threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
@@ -347,6 +353,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     tma_prefetch(&tma_b);
     if (FP8) tma_prefetch(&tma_sfa);
   }
+  grid_dep_launch();
+  grid_dep_wait();
   __syncthreads();
   if constexpr (MCAST) cluster_sync();  // the peer's barriers are initialised before anyone signals them
 

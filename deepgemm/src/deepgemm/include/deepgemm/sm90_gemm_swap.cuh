@@ -62,6 +62,8 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
     tma_prefetch(&tma_b);
     tma_prefetch(&tma_sfa);
   }
+  grid_dep_launch();
+  grid_dep_wait();  // DEEPGEMM_PDL (sm90_gemm.cuh)
   __syncthreads();
 
   Scheduler<KIND, BMS, NB> sched(M, num_groups, grouped);
