@@ -184,14 +184,41 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
 // NoPE: thread t takes the 16 fp8 columns 16cc.. (cc = lane) of tokens w + 4i (w = warp, i = 0..3)
 // of each chunk; its two 16-byte stores go to units 2(cc&3), 2(cc&3)+1 of slab cc>>2, the odd
 // slabs' lanes storing their second unit first, so that each quarter warp's store hits 8 distinct
-// units (conflict-free). RoPE: thread t copies 16 bytes (unit t&7) of token t>>3.
+// units (conflict-free). The order is in the addresses, not in a branch: each lane loads the 8 bytes
+// it stores first as its first half (odd: bytes 8..15), so every lane runs the same two stores
+// (a per-lane if / else had become two predicated copies of each store, 16 lanes apiece, with 2x the
+// shared-memory wavefronts: Nsight Compute, session 15). RoPE: thread t copies 16 bytes (unit t&7)
+// of token t>>3. A chunk's NoPE bytes and scales are loaded before the previous chunk is converted,
+// so their latency overlaps that work (one dequantiser warp per SM sub-partition hides little else).
+struct SabRaw {
+  uint2 first[4], second[4];
+  float sc[4];
+};
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 template <int NR>
 __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR>& c, int t) {
   const int w4 = t >> 5, cc = t & 31;
-  const bool odd = (cc >> 2) & 1;
-  const int ua = 2 * (cc & 3);              // unit of columns 16cc..+7; ua + 1: 16cc+8..+15
+  const int odd = (cc >> 2) & 1;
+  const int u_first = 2 * (cc & 3) + odd, u_second = 2 * (cc & 3) + 1 - odd;  // units of the two stores
   const int rtk = t >> 3, ru = t & 7;       // RoPE token and unit
   int it = 0, slot = 0, phase = 0;
+  auto load = [&](SabRaw& r, int sl) {
+    const uint32_t src = c.uRaw + sl * CH_BYTES;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t at = src + (w4 + 4 * i) * SAB_TOKEN + cc * 16;
+      r.first[i] = lds64(at + 8 * odd);
+      r.second[i] = lds64(at + 8 - 8 * odd);
+      r.sc[i] = lds_f32(src + (w4 + 4 * i) * SAB_TOKEN + D_V + (cc >> 3) * 4);
+    }
+  };
+  auto next_slot = [&] {
+    if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
+  };
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
@@ -199,45 +226,40 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
       const int s = it & 1, valid = w.L - blk * PAGE;
       const uint32_t st = c.uK + s * TILE;
       mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it-2
-#pragma unroll 1
-      for (int q = 0; q < PAGE / CH_TOK; ++q) {
-        mbar_wait(c.raw_full(slot), phase);
-        const uint32_t src = c.uRaw + slot * CH_BYTES;
-        uint4 v[4];
-        float sc[4];
+      SabRaw cur, nxt;
+      mbar_wait(c.raw_full(slot), phase);
+      load(cur, slot);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int tk = w4 + 4 * i;
-          v[i] = lds128(src + tk * SAB_TOKEN + cc * 16);
-          sc[i] = lds_f32(src + tk * SAB_TOKEN + D_V + (cc >> 3) * 4);
+      for (int q = 0; q < PAGE / CH_TOK; ++q) {
+        const int cur_slot = slot;
+        if (q + 1 < PAGE / CH_TOK) {
+          next_slot();
+          mbar_wait(c.raw_full(slot), phase);
+          load(nxt, slot);
         }
-        uint4 rope = lds128(src + rtk * SAB_TOKEN + D_V + 16 + ru * 16);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = q * CH_TOK + w4 + 4 * i;
-          if (row >= valid) v[i] = make_uint4(0, 0, 0, 0), sc[i] = 0.f;  // NaN x 0 would stay NaN
-          const uint32_t x0 = dq2s(v[i].x & 0xffffu, sc[i]), x1 = dq2s(v[i].x >> 16, sc[i]);
-          const uint32_t x2 = dq2s(v[i].y & 0xffffu, sc[i]), x3 = dq2s(v[i].y >> 16, sc[i]);
-          const uint32_t y0 = dq2s(v[i].z & 0xffffu, sc[i]), y1 = dq2s(v[i].z >> 16, sc[i]);
-          const uint32_t y2 = dq2s(v[i].w & 0xffffu, sc[i]), y3 = dq2s(v[i].w >> 16, sc[i]);
+          uint2 f = cur.first[i], g = cur.second[i];
+          float sc = cur.sc[i];
+          if (row >= valid) f = g = make_uint2(0, 0), sc = 0.f;  // NaN x 0 would stay NaN
           const uint32_t rb = st + (cc >> 2) * SLAB + row * 128;
           const int r7 = row & 7;
-          if (!odd) {
-            sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
-            sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
-          } else {
-            sts128(rb + (((ua + 1) ^ r7) << 4), y0, y1, y2, y3);
-            sts128(rb + ((ua ^ r7) << 4), x0, x1, x2, x3);
-          }
+          sts128(rb + ((u_first ^ r7) << 4), dq2s(f.x & 0xffffu, sc), dq2s(f.x >> 16, sc), dq2s(f.y & 0xffffu, sc),
+                 dq2s(f.y >> 16, sc));
+          sts128(rb + ((u_second ^ r7) << 4), dq2s(g.x & 0xffffu, sc), dq2s(g.x >> 16, sc), dq2s(g.y & 0xffffu, sc),
+                 dq2s(g.y >> 16, sc));
         }
         {
           const int row = q * CH_TOK + rtk;
+          uint4 rope = lds128(c.uRaw + cur_slot * CH_BYTES + rtk * SAB_TOKEN + D_V + 16 + ru * 16);
           if (row >= valid) rope = make_uint4(0, 0, 0, 0);
           sts128(st + 8 * SLAB + row * 128 + ((ru ^ (row & 7)) << 4), rope.x, rope.y, rope.z, rope.w);
         }
-        mbar_arrive(c.raw_empty(slot));  // our reads of the slot are done (their values are stored)
-        if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
+        mbar_arrive(c.raw_empty(cur_slot));  // our reads of the slot are done (their values are stored)
+        if (q + 1 < PAGE / CH_TOK) cur = nxt;
       }
+      next_slot();
       fence_async_smem();  // generic-proxy stores -> visible to wgmma
       mbar_arrive(c.full(s));
     }
