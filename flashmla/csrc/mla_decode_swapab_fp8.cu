@@ -5,24 +5,27 @@
 // kernel). Same DecodeArgs, metadata, split partials, lse and combine kernel as the other kernels.
 // Two instantiations, NR = 16 (1..16 rows) and NR = 32 (17..32 rows): m64nNRk16 for S^T and O^T, a Q
 // tile of NR rows, P^T [NR x 64], NR / 4 softmax row columns per thread, NR / 2 fp32 per fragment.
-// The text below describes NR = 16; NR = 32 differs in: 384 threads (WG2 = warp 8's producer plus 3
-// idle warps; setmaxnreg: WG2 to 40 registers, the consumer WG1 to 240 for its 128 O^T
+// The text below describes NR = 16; NR = 32 differs in: 384 threads (one dequantiser warpgroup, WG0,
+// for all 4 chunks; setmaxnreg: WG2 to 40 registers, the consumer WG1 to 240 for its 128 O^T
 // accumulators, the dequantiser keeps 168), a 36 KiB Q tile, 4 + 4 KiB P^T, sMax / sL [2][4][32],
-// and a raw ring of 3 chunk slots instead of 5 (227,456 bytes of shared memory in all).
+// and a raw ring of 3 chunk slots instead of 4 (227,456 bytes of shared memory in all).
 //
-// One CTA = one scheduler part, 288 threads (NR = 16):
+// One CTA = one scheduler part, 512 threads (NR = 16; 128 registers each at launch):
+//   WG2: warp 8 lane 0 is the producer; the warpgroup drops to 40 registers, the consumer takes them.
 //   warp 8 (producer, one thread): TMA of the request's 16 Q rows (once per request, after its first
 //     page's chunks; tensor map with a 64 x 16 box, 128B swizzle, 9 slabs of 2 KiB; q_full: expect_tx
 //     + bytes, q_empty: 128 consumer arrivals after the request's last S) and cp.async.bulk of the raw FP8 page in 4
 //     chunks of 16 tokens (10,496 contiguous bytes each) into a ring of NCH chunk slots
 //     (raw_full[c]: expect_tx + bytes; raw_empty[c]: 128 dequantiser arrivals); plus
 //     cp.async.bulk.prefetch.L2 of the page a.l2_prefetch_pages ahead (FLASHMLA_L2_PREFETCH; unset:
-//     kSwapabL2Prefetch = 2, untuned: the ring holds only 52 KiB of loads in flight per SM).
-//   WG0 (dequantiser, 128 threads): per page, waits empty[s] of the bf16 stage, then per chunk
+//     kSwapabL2Prefetch = 2, untuned: the ring holds only 41 KiB of loads in flight per SM).
+//   WG0 and WG3 (dequantisers, 128 threads each: WG0 chunks 0 and 2 of every page, WG3 chunks 1 and 3;
+//     one dequantiser warp per SM sub-partition left most of its cycles to shared-memory latency,
+//     Nsight Compute, session 15): per page, wait empty[s] of the bf16 stage, then per own chunk
 //     raw_full -> NoPE e4m3 x fp32 scale (one per 128 columns), rounded once to bf16 (as
 //     dequantize_kvcache does), RoPE bf16 copied; 128B-swizzled K-major rows (the layout TMA gives
 //     the BF16 kernels); token rows past the request's length written as zeros; arrive raw_empty.
-//     After the 4 chunks: fence.proxy.async, arrive full[s] (128 arrivals).
+//     After its chunks: fence.proxy.async, arrive full[s] (128 arrivals each, 256 in all).
 //   WG1 (consumer, 128 threads):
 //     S^T[64 keys x 16 rows] = K[64 x 576] Q^T: 36 x wgmma m64n16k16 (A = bf16 stage, K-major;
 //       B = Q, K-major, N = 16), 8 fp32 per thread (2 keys x 4 rows).
@@ -35,7 +38,7 @@
 //       slabs read MN-major, trans-a), 64 fp32 accumulators per thread.
 //     epilogue: row sums across lanes and warps (sL, by request parity), out / lse or the split
 //       partials oacc / lacc.
-// Shared memory (225,408 bytes with the 1 KiB alignment slack):
+// Shared memory (214,144 bytes with the 1 KiB alignment slack):
 //   [0, 144 KiB) 2 bf16 stages of 9 slabs (64 x 128 B) | 18 KiB Q (9 slabs of 16 rows) |
 //   NCH x 10,496 B raw chunk ring (padded to 1 KiB) | 2 KiB P^T hi + 2 KiB P^T lo | 128 B mbarriers
 //   | sMax[2][4][16], sL[2][4][16] fp32.
@@ -49,16 +52,19 @@ namespace {
 
 constexpr int SAB_TOKEN = 656, SAB_PAGE = PAGE * SAB_TOKEN;   // FP8 bytes per token / per page
 constexpr int CH_TOK = 16, CH_BYTES = CH_TOK * SAB_TOKEN;       // a raw chunk: 16 tokens, 10,496 B
-constexpr int SAB_THREADS = 288;
 // Layout of the instantiation for NR query rows (16 or 32: the wgmma N of S^T and O^T). NR = 32
-// doubles the Q tile and P^T planes, so its raw ring has 3 chunk slots instead of 5 to fit.
+// doubles the Q tile and P^T planes, so its raw ring has 3 chunk slots instead of 4 to fit.
 template <int NR>
 struct SabLayout {
   static_assert(NR == 16 || NR == 32, "swap-AB rows: 16 or 32");
-  static constexpr int NCH = NR == 16 ? 5 : 3;                    // raw ring: chunk slots
-  // NR = 32: 128 O^T accumulators per consumer thread do not fit the 168 registers of 288 threads
-  // (9 warps: 3 on one SM sub-partition), so it runs 384 threads and setmaxnreg (WG2: producer)
-  static constexpr int THREADS = NR == 16 ? SAB_THREADS : 384;
+  static constexpr int NDQ = NR == 16 ? 2 : 1;                    // dequantiser warpgroups
+  // raw ring: chunk slots. With two dequantisers the depth is even, so that each slot belongs to one of
+  // them: a warpgroup that skipped the other's phases of a slot could pass its parity wait on a phase
+  // it skipped and read a chunk still in flight (the CPU protocol model's mutant "odd_ring")
+  static constexpr int NCH = NR == 16 ? 4 : 3;
+  static_assert(NDQ == 1 || NCH % NDQ == 0, "ring slots shared between dequantisers");
+  // 4 warpgroups (NR = 16: dequantiser, consumer, producer, dequantiser) or 3 (NR = 32), with setmaxnreg
+  static constexpr int THREADS = 128 * (2 + NDQ);
   static constexpr int QSLAB = NR * 128;                          // Q slab: NR rows x 64 bf16
   static constexpr int OFF_Q = 2 * TILE, OFF_RAW = OFF_Q + NSLAB * QSLAB;
   static constexpr int OFF_P = (OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, OFF_MISC = OFF_P + 2 * QSLAB;
@@ -69,11 +75,16 @@ struct SabLayout {
   static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
   static_assert(CH_BYTES % 16 == 0 && OFF_RAW % 16 == 0, "bulk copies need 16-byte sizes and addresses");
 };
-static_assert(SabLayout<16>::SMEM == 225408 && SabLayout<32>::SMEM == 227456, "layout as documented");
-// NR = 32 (384 threads, 168 registers each at launch): WG2 (producer) gives registers back, WG1
-// (consumer) takes them; WG0 (dequantiser) keeps 168
-constexpr int SAB32_PRODUCER_REGS = 40, SAB32_CONSUMER_REGS = 240;
-static_assert(128 * (168 - SAB32_PRODUCER_REGS) >= 128 * (SAB32_CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
+static_assert(SabLayout<16>::SMEM == 214144 && SabLayout<32>::SMEM == 227456, "layout as documented");
+// setmaxnreg: WG2 (producer) gives registers back, WG1 (consumer) takes them, the dequantisers keep
+// the launch count (NR = 16: 512 threads, 128 each; NR = 32: 384 threads, 168 each)
+constexpr int SAB_PRODUCER_REGS = 40;
+template <int NR>
+struct SabRegs {
+  static constexpr int LAUNCH = NR == 16 ? 128 : 168, CONSUMER = NR == 16 ? 216 : 240;
+  static_assert(LAUNCH * SabLayout<NR>::THREADS <= 65536, "launch registers");
+  static_assert(LAUNCH - SAB_PRODUCER_REGS >= CONSUMER - LAUNCH, "setmaxnreg pool overdrawn");
+};
 // named barriers of the consumer warpgroup (0 is __syncthreads)
 constexpr int BAR_SMAX = 1, BAR_PT = 2, BAR_SL = 3;
 
@@ -180,7 +191,7 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
   }
 }
 
-// ---------------------------------------------------------------- dequantiser (WG0, t = 0..127)
+// ---------------------------------------------------------------- dequantiser (WG0 / WG3, t = 0..127)
 // NoPE: thread t takes the 16 fp8 columns 16cc.. (cc = lane) of tokens w + 4i (w = warp, i = 0..3)
 // of each chunk; its two 16-byte stores go to units 2(cc&3), 2(cc&3)+1 of slab cc>>2, the odd
 // slabs' lanes storing their second unit first, so that each quarter warp's store hits 8 distinct
@@ -199,13 +210,16 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
+// Dequantiser dq (of NDQ) takes chunks dq, dq + NDQ, ... of every page; chunk q of the CTA's page it is
+// the producer's (4 it + q)-th, hence its ring slot and phase.
 template <int NR>
-__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR>& c, int t) {
+__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR>& c, int t, int dq) {
+  constexpr int NDQ = SabLayout<NR>::NDQ, NCH = SabLayout<NR>::NCH, QN = PAGE / CH_TOK / NDQ;
   const int w4 = t >> 5, cc = t & 31;
   const int odd = (cc >> 2) & 1;
   const int u_first = 2 * (cc & 3) + odd, u_second = 2 * (cc & 3) + 1 - odd;  // units of the two stores
   const int rtk = t >> 3, ru = t & 7;       // RoPE token and unit
-  int it = 0, slot = 0, phase = 0;
+  int it = 0;
   auto load = [&](SabRaw& r, int sl) {
     const uint32_t src = c.uRaw + sl * CH_BYTES;
 #pragma unroll
@@ -216,8 +230,11 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
       r.sc[i] = lds_f32(src + (w4 + 4 * i) * SAB_TOKEN + D_V + (cc >> 3) * 4);
     }
   };
-  auto next_slot = [&] {
-    if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
+  auto wait_load = [&](SabRaw& r, int q) {  // waits for chunk q of page it, loads it; returns its slot
+    const unsigned g = 4u * it + q, sl = g % NCH;
+    mbar_wait(c.raw_full(sl), (g / NCH) & 1);
+    load(r, sl);
+    return (int)sl;
   };
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
@@ -227,16 +244,11 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
       const uint32_t st = c.uK + s * TILE;
       mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it-2
       SabRaw cur, nxt;
-      mbar_wait(c.raw_full(slot), phase);
-      load(cur, slot);
+      int cur_slot = wait_load(cur, dq), nxt_slot = 0;
 #pragma unroll
-      for (int q = 0; q < PAGE / CH_TOK; ++q) {
-        const int cur_slot = slot;
-        if (q + 1 < PAGE / CH_TOK) {
-          next_slot();
-          mbar_wait(c.raw_full(slot), phase);
-          load(nxt, slot);
-        }
+      for (int k = 0; k < QN; ++k) {
+        const int q = dq + k * NDQ;
+        if (k + 1 < QN) nxt_slot = wait_load(nxt, q + NDQ);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = q * CH_TOK + w4 + 4 * i;
@@ -257,9 +269,8 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
           sts128(st + 8 * SLAB + row * 128 + ((ru ^ (row & 7)) << 4), rope.x, rope.y, rope.z, rope.w);
         }
         mbar_arrive(c.raw_empty(cur_slot));  // our reads of the slot are done (their values are stored)
-        if (q + 1 < PAGE / CH_TOK) cur = nxt;
+        if (k + 1 < QN) cur = nxt, cur_slot = nxt_slot;
       }
-      next_slot();
       fence_async_smem();  // generic-proxy stores -> visible to wgmma
       mbar_arrive(c.full(s));
     }
@@ -467,7 +478,7 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
       mbar_init(c.raw_empty(i), 128);
     }
     for (int s = 0; s < 2; ++s) {
-      mbar_init(c.full(s), 128);
+      mbar_init(c.full(s), 128 * L::NDQ);
       mbar_init(c.empty(s), 128);
     }
     mbar_init(c.q_full(), 1);
@@ -476,24 +487,17 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
     fence_async_smem();
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5;
-  if constexpr (NR == 16) {
-    if (warp == 8) {
-      if ((threadIdx.x & 31) == 0) sab_producer(a, c, &tmQ);
-      return;
-    }
-  } else {  // WG2: warp 8 lane 0 is the producer, warps 9-11 only hand their registers back
-    if (warp >= 8) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SAB32_PRODUCER_REGS) : "memory");
-      if (threadIdx.x == 256) sab_producer(a, c, &tmQ);
-      return;
-    }
-  }
-  if (warp < 4) {
-    sab_dequant(a, c, threadIdx.x);
+  const int wg = threadIdx.x >> 7;
+  if (wg == 2) {  // warp 8 lane 0 is the producer, warps 9-11 only hand their registers back
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SAB_PRODUCER_REGS) : "memory");
+    if (threadIdx.x == 256) sab_producer(a, c, &tmQ);
     return;
   }
-  if constexpr (NR == 32) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SAB32_CONSUMER_REGS) : "memory");
+  if (wg != 1) {
+    sab_dequant(a, c, threadIdx.x & 127, wg == 0 ? 0 : 1);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SabRegs<NR>::CONSUMER) : "memory");
   const int t = threadIdx.x - 128;
   int it = 0, qn = 0, pg = 0, rq = 0;
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {

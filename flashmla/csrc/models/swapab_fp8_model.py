@@ -13,9 +13,9 @@ layout: one request of a few pages replayed through the kernel's maps, in float6
     MN-major A operand of 8 m-tiles; hi/lo planes; the epilogue map back to out[row][col];
   and compares out and lse with attention on flashmla.dequantize_kvcache of the cache.
 protocol: randomised interleavings of producer (bulk chunk ring, Q TMA after the first page's
-  chunks), two dequantiser groups and four consumer warps (mbarriers with their counts and parities,
+  chunks), the dequantisers (NR = 16: two warpgroups on alternate chunks; NR = 32: one) and four consumer warps (mbarriers with their counts and parities,
   named barriers of the consumer warpgroup, sMax by page parity, sL by request parity, one P^T
-  buffer), for the ring depths of both instantiations (NCH 5 and 3): no deadlock, every read sees
+  buffer), for the ring depths of both instantiations (NCH 4 and 3): no deadlock, every read sees
   the version it expects from start to end.
 `--mutants` breaks one offset, count, wait or buffer at a time and asserts each is caught. ~5 s:
 
@@ -32,7 +32,7 @@ from flashmla.quant import dequantize_kvcache, quantize_kvcache
 from sim import MBar, NBar, simulate
 
 SLAB, TILE, TOKEN, CH = 8192, 9 * 8192, 656, 16
-NCH_OF = {16: 5, 32: 3}   # raw ring chunk slots of the NR = 16 / NR = 32 instantiations (SabLayout)
+NCH_OF = {16: 4, 32: 3}   # raw ring chunk slots of the NR = 16 / NR = 32 instantiations (SabLayout)
 
 
 def swz(addr): return addr ^ (((addr >> 7) & 7) << 4)
@@ -224,12 +224,20 @@ LAYOUT_MUTANTS = ("no_odd_swap", "no_tail_zero", "scale_index", "rope_no_swizzle
 
 
 # ------------------------------------------------------------------------------- protocol
-def run_protocol(reqs, seed, mut=None, NCH=5):
-    """reqs: pages per request (0 = nothing in this part). Raises AssertionError on a race/deadlock."""
+def run_protocol(reqs, seed, mut=None, NR=16):
+    """reqs: pages per request (0 = nothing in this part). Raises AssertionError on a race/deadlock.
+    NR = 16: two dequantiser warpgroups D0 / D1 take chunks 0, 2 / 1, 3 of every page (128 arrivals
+    each); the ring depth must be even, so that a slot always belongs to one of them (with an odd depth
+    a warpgroup skips the other's phases of a slot, and its parity wait can pass on a phase it skipped:
+    mutant "odd_ring"). NR = 32: one warpgroup, modelled as two halves D0 / D1 of 64 threads that both
+    run every chunk."""
     rnd = random.Random(seed)
+    split = NR == 16
+    NCH = 5 if mut == "odd_ring" else NCH_OF[NR]
+    full_count = 128 if (not split or mut == "full_count_one_wg") else 256
     mb = {**{f"rf{c}": MBar(1) for c in range(NCH)},
           **{f"re{c}": MBar(64 if mut == "raw_empty_count_64" else 128) for c in range(NCH)},
-          **{f"full{s}": MBar(128) for s in range(2)}, **{f"empty{s}": MBar(128) for s in range(2)},
+          **{f"full{s}": MBar(full_count) for s in range(2)}, **{f"empty{s}": MBar(128) for s in range(2)},
           "qfull": MBar(1), "qempty": MBar(128)}
     nb = {k: NBar(k, parties=4) for k in ("SMAX", "PT", "SL")}  # the 4 consumer warps
 
@@ -249,27 +257,31 @@ def run_protocol(reqs, seed, mut=None, NCH=5):
                     yield ("expect", "qfull"); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
 
     def dequant(gname):
-        it = slot = phase = 0
+        it = 0
+        mine = ([0, 2] if gname == "D0" else [1, 3]) if split else range(4)
+        n = 128 if split else 64  # arrivals of this actor
         for r, npg in enumerate(reqs):
             for j in range(npg):
                 s = it & 1
                 if not (mut == "dequant_skips_empty_wait" and gname == "D1"):
                     yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
-                for q in range(4):
+                for q in mine:
+                    g = 4 * it + q
+                    slot, phase = g % NCH, (g // NCH) & 1
                     yield ("wait", f"rf{slot}", phase)
                     yield ("rbeg", f"R{slot}", ("C", r, j, q))
                     if mut == "raw_empty_before_read" and gname == "D0":  # frees the slot mid-read
-                        yield ("arrive", f"re{slot}", 64)
+                        yield ("arrive", f"re{slot}", n)
                     yield ("rend", f"R{slot}", ("C", r, j, q))
                     yield ("write", f"N{s}.{gname}.{q}", ("K", r, j))
                     if not (mut == "raw_empty_before_read" and gname == "D0"):
-                        yield ("arrive", f"re{slot}", 64)
-                    slot += 1
-                    if slot == NCH: slot, phase = 0, phase ^ 1
-                yield ("arrive", f"full{s}", 64)
+                        yield ("arrive", f"re{slot}", n)
+                yield ("arrive", f"full{s}", n)
                 it += 1
 
     def stage_reads(s, r, j):
+        if split:
+            return [(f"N{s}.D{q % 2}.{q}", ("K", r, j)) for q in range(4)]
         return [(f"N{s}.{g}.{q}", ("K", r, j)) for g in ("D0", "D1") for q in range(4)]
 
     def consumer(w):
@@ -305,18 +317,18 @@ def run_protocol(reqs, seed, mut=None, NCH=5):
 
 
 def check_protocol(trials, mut=None):
-    """Half the trials with the 16-row ring (NCH 5), half with the 32-row one (NCH 3)."""
+    """Half the trials with the 16-row instantiation, half with the 32-row one."""
     n = 0
     for trial in range(trials):
         rng = random.Random(trial)
         reqs = [rng.choice([0, 0, 1, 1, 2, 3, 4]) for _ in range(rng.randint(1, 6))]
         for sch in range(4):
-            run_protocol(reqs, trial * 100 + sch, mut, NCH_OF[16 if trial % 2 == 0 else 32]); n += 1
+            run_protocol(reqs, trial * 100 + sch, mut, 16 if trial % 2 == 0 else 32); n += 1
     return n
 
 
 PROTOCOL_MUTANTS = ("raw_empty_count_64", "raw_empty_before_read", "producer_skips_raw_empty", "q_without_wait", "dequant_skips_empty_wait",
-                    "sl_one_buffer", "no_pt_barrier")
+                    "sl_one_buffer", "no_pt_barrier", "full_count_one_wg", "odd_ring")
 # (sMax by page parity is belt and braces: one buffer is also safe, since a warp writes page t+1's
 # maxima only after the PT barrier of page t, which every warp reaches after reading page t's; the
 # model run with mutant "smax_one_buffer" passes, as it should)
