@@ -120,11 +120,6 @@ __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ float lds_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
-  return v;
-}
 __device__ __forceinline__ void sts128(uint32_t addr, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
@@ -192,18 +187,18 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
 }
 
 // ---------------------------------------------------------------- dequantiser (WG0 / WG3, t = 0..127)
-// NoPE: thread t takes the 16 fp8 columns 16cc.. (cc = lane) of tokens w + 4i (w = warp, i = 0..3)
-// of each chunk; its two 16-byte stores go to units 2(cc&3), 2(cc&3)+1 of slab cc>>2, the odd
-// slabs' lanes storing their second unit first, so that each quarter warp's store hits 8 distinct
-// units (conflict-free). The order is in the addresses, not in a branch: each lane loads the 8 bytes
-// it stores first as its first half (odd: bytes 8..15), so every lane runs the same two stores
-// (a per-lane if / else had become two predicated copies of each store, 16 lanes apiece, with 2x the
-// shared-memory wavefronts: Nsight Compute, session 15). RoPE: thread t copies 16 bytes (unit t&7)
-// of token t>>3. A chunk's NoPE bytes and scales are loaded before the previous chunk is converted,
-// so their latency overlaps that work (one dequantiser warp per SM sub-partition hides little else).
+// NoPE: lane l of warp w takes the 8 fp8 columns from c0 = 8(l & 15) + 256(l >> 4) and the 8 from
+// c0 + 128, of tokens w + 4i (i = 0..3) of each chunk: two 8-byte loads (each half warp reads 128
+// contiguous bytes), stored as bf16 to unit l&7 of slab c0/64 and of slab c0/64 + 2 (each quarter warp:
+// the 8 units of one 128-byte row). Loads and stores are conflict-free with no per-lane order (Nsight
+// Compute, session 15: 16 contiguous columns per lane had needed either per-lane store orders, which the
+// compiler split into predicated copies, or 8-byte loads at a 16-byte stride: 2x the shared-memory
+// wavefronts either way). The halves lie in scale tiles 2(l >> 4) and 2(l >> 4) + 1: one 8-byte load.
+// RoPE: thread t copies 16 bytes (unit t&7) of token t>>3. A chunk's NoPE bytes are loaded before the
+// previous chunk is converted, so their latency overlaps that work.
 struct SabRaw {
-  uint2 first[4], second[4];
-  float sc[4];
+  uint2 lo[4], hi[4];  // columns c0.. and c0 + 128.. of token w + 4i
+  uint2 sc[4];         // their scales (tiles c0 / 128 and c0 / 128 + 1)
 };
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
@@ -215,19 +210,18 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
 template <int NR>
 __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR>& c, int t, int dq) {
   constexpr int NDQ = SabLayout<NR>::NDQ, NCH = SabLayout<NR>::NCH, QN = PAGE / CH_TOK / NDQ;
-  const int w4 = t >> 5, cc = t & 31;
-  const int odd = (cc >> 2) & 1;
-  const int u_first = 2 * (cc & 3) + odd, u_second = 2 * (cc & 3) + 1 - odd;  // units of the two stores
+  const int w4 = t >> 5, l = t & 31;
+  const int c0 = 8 * (l & 15) + 256 * (l >> 4);  // this lane's first column (the second half: c0 + 128)
   const int rtk = t >> 3, ru = t & 7;       // RoPE token and unit
   int it = 0;
   auto load = [&](SabRaw& r, int sl) {
     const uint32_t src = c.uRaw + sl * CH_BYTES;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t at = src + (w4 + 4 * i) * SAB_TOKEN + cc * 16;
-      r.first[i] = lds64(at + 8 * odd);
-      r.second[i] = lds64(at + 8 - 8 * odd);
-      r.sc[i] = lds_f32(src + (w4 + 4 * i) * SAB_TOKEN + D_V + (cc >> 3) * 4);
+      const uint32_t tok = src + (w4 + 4 * i) * SAB_TOKEN;
+      r.lo[i] = lds64(tok + c0);
+      r.hi[i] = lds64(tok + c0 + 128);
+      r.sc[i] = lds64(tok + D_V + 4 * (c0 >> 7));
     }
   };
   auto wait_load = [&](SabRaw& r, int q) {  // waits for chunk q of page it, loads it; returns its slot
@@ -252,15 +246,13 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = q * CH_TOK + w4 + 4 * i;
-          uint2 f = cur.first[i], g = cur.second[i];
-          float sc = cur.sc[i];
-          if (row >= valid) f = g = make_uint2(0, 0), sc = 0.f;  // NaN x 0 would stay NaN
-          const uint32_t rb = st + (cc >> 2) * SLAB + row * 128;
-          const int r7 = row & 7;
-          sts128(rb + ((u_first ^ r7) << 4), dq2s(f.x & 0xffffu, sc), dq2s(f.x >> 16, sc), dq2s(f.y & 0xffffu, sc),
-                 dq2s(f.y >> 16, sc));
-          sts128(rb + ((u_second ^ r7) << 4), dq2s(g.x & 0xffffu, sc), dq2s(g.x >> 16, sc), dq2s(g.y & 0xffffu, sc),
-                 dq2s(g.y >> 16, sc));
+          uint2 f = cur.lo[i], g = cur.hi[i];
+          float sf = __uint_as_float(cur.sc[i].x), sg = __uint_as_float(cur.sc[i].y);
+          if (row >= valid) f = g = make_uint2(0, 0), sf = sg = 0.f;  // NaN x 0 would stay NaN
+          const uint32_t at = st + (c0 >> 6) * SLAB + row * 128 + (((l & 7) ^ (row & 7)) << 4);
+          sts128(at, dq2s(f.x & 0xffffu, sf), dq2s(f.x >> 16, sf), dq2s(f.y & 0xffffu, sf), dq2s(f.y >> 16, sf));
+          sts128(at + 2 * SLAB, dq2s(g.x & 0xffffu, sg), dq2s(g.x >> 16, sg), dq2s(g.y & 0xffffu, sg),
+                 dq2s(g.y >> 16, sg));
         }
         {
           const int row = q * CH_TOK + rtk;

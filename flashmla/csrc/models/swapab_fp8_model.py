@@ -1,8 +1,9 @@
 """CPU model of the swap-AB FP8 decode kernel (../mla_decode_swapab_fp8.cu). Update together.
 
 layout: one request of a few pages replayed through the kernel's maps, in float64:
-  - the dequantiser's thread -> (token, 16-byte unit) map per 16-token chunk, its swizzled stores
-    (coverage exactly once, each quarter warp's 16-byte store on 8 distinct units: no bank conflict),
+  - the dequantiser's thread -> (token, 8-column half) map per 16-token chunk, its swizzled stores
+    (coverage exactly once, each quarter warp's 16-byte store on 8 distinct units and each half
+    warp's 8-byte load on 16 distinct words: no bank conflict),
     the RoPE copy, zero rows past the length (the cache holds 0xFF = NaN there);
   for NR = 16 and NR = 32 query-row instantiations (wgmma N of S^T and O^T):
   - Q through the 64 x NR TMA box (128B swizzle) into 9 slabs of NR x 128 bytes;
@@ -51,26 +52,27 @@ def dequant_page(raw, valid, mut=None):
     written = np.zeros(TILE // 16, dtype=int)
     fp8 = torch.from_numpy(raw[:, :512].copy()).view(torch.float8_e4m3fn).float().numpy()
     scales = raw[:, 512:528].copy().view(np.float32)
-    banks = {}
+    banks, loads = {}, {}
     for q in range(4):
         for t in range(128):
-            w4, cc = t >> 5, t & 31
-            odd = (cc >> 2) & 1 if mut != "no_odd_swap" else 0
-            ua = 2 * (cc & 3)
+            w4, l = t >> 5, t & 31
             for i in range(4):
                 tk = w4 + 4 * i
                 row = q * CH + tk
                 ok = row < valid or mut == "no_tail_zero"
-                tile = cc >> 3 if mut != "scale_index" else cc & 3
-                with np.errstate(invalid="ignore", over="ignore"):
-                    vals = bf16(fp8[row, 16 * cc:16 * cc + 16] * scales[row, tile]) if ok else np.zeros(16)
-                rb = (cc >> 2) * SLAB + row * 128
-                order = [(ua + 1, 8), (ua, 0)] if odd else [(ua, 0), (ua + 1, 8)]
-                for k, (u, c0) in enumerate(order):
-                    addr = rb + ((u ^ (row & 7)) << 4)
-                    smem[addr // 2:addr // 2 + 8] = vals[c0:c0 + 8]
+                # half k: columns c..c+7 (c = c0, c0 + 128; c0 = 8(l & 15) + 256(l >> 4)) -> unit l&7 of slab c // 64
+                c0 = 8 * (l & 15) + 256 * (l >> 4)
+                for k, c in enumerate((c0, c0 + 128)):
+                    src = 16 * l + 8 * k if mut == "contiguous_16" else c  # byte offset of the 8-byte load
+                    tile = (src // 128) if mut != "scale_index" else (l & 3)
+                    with np.errstate(invalid="ignore", over="ignore"):
+                        vals = bf16(fp8[row, src:src + 8] * scales[row, tile]) if ok else np.zeros(8)
+                    slab, u = src // 64, (src % 64) // 8
+                    addr = slab * SLAB + row * 128 + ((u ^ (row & 7)) << 4)
+                    smem[addr // 2:addr // 2 + 8] = vals
                     written[addr // 16] += 1
                     banks.setdefault((q, t >> 3, i, k), []).append((addr % 128) // 16)
+                    loads.setdefault((q, t >> 4, i, k), []).append((src % 128) // 8)
             rtk, ru = t >> 3, t & 7                                   # RoPE: 16 bytes of token rtk
             row = q * CH + rtk
             src = raw[row, 528 + 16 * ru:528 + 16 * ru + 16].copy().view(np.uint16)
@@ -84,6 +86,8 @@ def dequant_page(raw, valid, mut=None):
     assert (written == 1).all(), f"stage units written {written.min()}..{written.max()} times (want once)"
     for key, units in banks.items():
         assert len(set(units)) == 8, f"bank conflict in quarter warp {key}: units {units}"
+    for key, words in loads.items():  # 8-byte loads: a half warp's 16 words in distinct bank pairs
+        assert len(set(words)) == 16, f"bank conflict in half warp {key}'s load: words {words}"
     return smem
 
 
@@ -218,7 +222,7 @@ def check_layout(seed, L, qrows, lo, causal, nr=16, mut=None):
 
 LAYOUT_CASES = ((0, 150, 16, True, False, 16), (1, 64, 3, False, False, 16), (2, 70, 8, True, True, 16),
                 (3, 1, 1, True, False, 16), (4, 130, 32, True, True, 32), (5, 64, 20, False, False, 32))
-LAYOUT_MUTANTS = ("no_odd_swap", "no_tail_zero", "scale_index", "rope_no_swizzle", "q_slab_stride", "no_cross_warp_max",
+LAYOUT_MUTANTS = ("contiguous_16", "no_tail_zero", "scale_index", "rope_no_swizzle", "q_slab_stride", "no_cross_warp_max",
                   "pt_key_swapped", "row_stride_16")
 # row_stride_16: sMax / sL indexed w4 * 16 + n as in the 16-row kernel; wrong for NR = 32 only
 
