@@ -279,7 +279,8 @@ def main():
                 and not key.endswith("_diff")]
         best = [max(v[key] for key in keys) / v["cublas_block"] for v in rows_e]
         per = ", ".join(f"{key}={gm([v[key] / v['cublas_block'] for v in rows_e]):.2f}x" for key in keys)
-        print(f"{env}: geomean vs cuBLAS blockwise over {len(rows_e)} dense M<=128 cases (M = 64, 128): {per}; "
+        ms = ", ".join(str(m) for m in sorted({v["m"] for v in rows_e}))
+        print(f"{env}: geomean vs cuBLAS blockwise over {len(rows_e)} dense cases (M = {ms}): {per}; "
               f"best value per shape {gm(best):.2f}x")
         summary.setdefault("compare_geomean_vs_cublas", {})[env] = {
             key: gm([v[key] / v["cublas_block"] for v in rows_e]) for key in keys}
