@@ -92,13 +92,15 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmN)) : "memory");
     }
     const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
-    // Thread -> (16-byte chunk cb of a raw box, tokens r0 + 8i, i = 0..7): lanes 8q..8q+7 take chunks
-    // 4q..4q+3 (one output slab) of the adjacent tokens r0, r0 + 1, whose 128B swizzle (unit ^= row & 7)
-    // sends their stores to the 8 distinct 16-byte units of a row: no bank conflict (their 16-byte raw
-    // reads, 256 bytes apart, meet 2-way). row & 7 = r0 & 7 for every i: the swizzle is per thread.
-    const int lane = t & 31, w4 = t >> 5;
-    const int r0 = 2 * w4 + ((lane >> 2) & 1);
-    const int cb = (lane >> 3) * 4 + (lane & 3);
+    // Thread -> (16-byte chunk cb of a raw box, tokens r0 + 8i, i = 0..7): lanes 8q..8q+3 take chunks
+    // 4q..4q+3 of token r0 (even), lanes 8q+4..8q+7 chunks 4q+4..4q+7 (mod 16) of token r0 + 1: each
+    // quarter warp's 16-byte raw reads cover both 64-byte halves of the 128-byte bank window, and its
+    // stores (output slabs cb / 4, 128B swizzle unit ^= row & 7, rows of opposite parity) 8 distinct
+    // units: no bank conflict either way (the same chunks for both tokens had made the reads, 256 bytes
+    // apart, meet 2-way). row & 7 = r0 & 7 for every i: the swizzle is per thread.
+    const int lane = t & 31, w4 = t >> 5, half = (lane >> 2) & 1;
+    const int r0 = 2 * w4 + half;
+    const int cb = ((lane >> 3) * 4 + (lane & 3) + 4 * half) & 15;
     const int unit = (cb & 3) * 2;
     const uint32_t sw0 = ((unit ^ r0) & 7u) << 4, sw1 = (((unit + 1) ^ r0) & 7u) << 4;
     int it = 0, qn = 0;

@@ -40,7 +40,7 @@ def test_fp8_wgmma_layout_model_passes_and_catches_mutants():
     is caught."""
     res = _model("wgmma_fp8_layout_model.py", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 7 mutants caught" in res.stdout
+    assert "all 8 mutants caught" in res.stdout
 
 
 def test_swapab_fp8_model_passes_and_catches_mutants():

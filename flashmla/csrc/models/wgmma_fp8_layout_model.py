@@ -10,7 +10,7 @@ overwritten with 0xFF: NaN values and NaN scales) it replays, on the stage's byt
   - the RoPE TMA: tensor map over rows of 328 bf16 (656 bytes), 64 x 64 box at column ROPE_COL,
     128B swizzle (address bits 4-6 ^= bits 7-9) into slab 8;
 and checks: every 16-byte unit of slabs 0..7 stored exactly once; each quarter warp's stores hit 8
-distinct units of the 128-byte bank window (no bank conflict); the stage read back through the
+distinct units of the 128-byte bank window, and so do its raw reads (no bank conflict); the stage read back through the
 consumers' wgmma descriptors (K-major for S, MN-major for V, as in wgmma_layout_model.py) equals
 flashmla.dequantize_kvcache of the page (V rows past `valid` exactly 0), which also shows that no
 store overwrote raw bytes before they were read; S = Q K^T. `--mutants` breaks one offset or order at
@@ -35,7 +35,8 @@ def producer_map(t, mut):
     """(r0, cb, sw0, sw1) of producer thread t, as in the kernel."""
     lane, w4 = t & 31, t >> 5
     r0 = w4 + 4 * ((lane >> 2) & 1) if mut == "tokens_4_apart" else 2 * w4 + ((lane >> 2) & 1)
-    cb = (lane >> 3) * 4 + (lane & 3)
+    half = (lane >> 2) & 1  # token r0 (even lanes of a quarter) or r0 + 1
+    cb = (lane >> 3) * 4 + (lane & 3) if mut == "same_chunks_both_tokens" else ((lane >> 3) * 4 + (lane & 3) + 4 * half) & 15
     unit = (cb & 3) * 2
     if mut == "swizzle_without_row":
         return r0, cb, unit << 4, (unit + 1) << 4
@@ -59,11 +60,12 @@ def stage_page(raw, valid, mut=None):
         stage[base:base + 64 * 256] = raw[:, 256 * bx:256 * bx + 256].reshape(-1)
     scales = raw[:, 512:528].copy().view(np.float32)                                        # [64, 4]
     stored = np.zeros(8 * SLAB // 16, dtype=int)
-    banks = {}
+    banks, loads = {}, {}
 
     def read(bx, t, i):
         r0, cb, _, _ = producer_map(t, mut)
         off = raw_slab(bx, mut) * SLAB + (r0 + 8 * i) * 256 + cb * 16
+        loads.setdefault((bx, t >> 3, i), []).append((off % 128) // 16)
         return stage[off:off + 16].copy()
 
     def store(bx, t, i, chunk):
@@ -95,6 +97,8 @@ def stage_page(raw, valid, mut=None):
     assert (stored == 1).all(), f"slab units stored {stored.min()}..{stored.max()} times (want exactly once)"
     for key, units in banks.items():
         assert len(set(units)) == 8, f"bank conflict in quarter warp {key}: units {units}"
+    for key, units in loads.items():  # each quarter warp's 16-byte raw reads: 8 distinct units too
+        assert len(set(units)) == 8, f"bank conflict in quarter warp {key}'s raw read: units {units}"
     smem = stage.view(np.int16).copy()
     smem = torch.from_numpy(smem).view(torch.bfloat16).double().numpy()
     rope_col = 263 if mut == "rope_col" else 264
@@ -139,7 +143,7 @@ def check(valid, seed, mut=None):
         assert np.array_equal(v, want), f"V operand (half {ch}) differs (rows past {valid} must be 0)"
 
 
-MUTANTS = ("tokens_4_apart", "swizzle_without_row", "scale_index", "no_tail_zero", "rope_col", "raw_over_slabs_2_3",
+MUTANTS = ("same_chunks_both_tokens", "tokens_4_apart", "swizzle_without_row", "scale_index", "no_tail_zero", "rope_col", "raw_over_slabs_2_3",
            "box1_unstaged")
 
 if __name__ == "__main__":
