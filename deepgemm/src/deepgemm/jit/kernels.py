@@ -76,8 +76,9 @@ SPLIT_K_GAIN = 0.885
 # Programmatic dependent launch: every kernel is launched with the PDL attribute, so that in a stream (or CUDA
 # graph) of such kernels the next one's launch and prologue overlap the tail of the one before (each waits in
 # grid_dep_wait, sm90_gemm.cuh, before its first global access). DEEPGEMM_PDL=0|1 overrides. On by default:
-# H200 2026-11-29 (BENCHMARKS.md run 12), dense geo-mean vs cuBLAS blockwise 1.16x -> 1.21x, +3 to +11 % at
-# M <= 128, within noise at M = 4096. (An L2 prefetch of the first B boxes before the wait measured slower.)
+# H200 2026-11-29 (BENCHMARKS.md run 12), dense geo-mean vs cuBLAS blockwise 1.16x -> 1.21x, +6 to +12 % at
+# M <= 128 (none at K = 16384), within noise at M = 4096. (An L2 prefetch of the first B boxes before the wait
+# measured slower.)
 PDL_DEFAULT = "1"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
