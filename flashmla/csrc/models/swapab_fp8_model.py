@@ -233,11 +233,12 @@ def run_protocol(reqs, seed, mut=None, NR=16):
     NR = 16: two dequantiser warpgroups D0 / D1 take chunks 0, 2 / 1, 3 of every page (128 arrivals
     each); the ring depth must be even, so that a slot always belongs to one of them (with an odd depth
     a warpgroup skips the other's phases of a slot, and its parity wait can pass on a phase it skipped:
-    mutant "odd_ring"). NR = 32: one warpgroup, modelled as two halves D0 / D1 of 64 threads that both
+    mutant "odd_ring"), and above 2 (with 2, a warpgroup waits for its next chunk to land in the slot it
+    has not released yet: mutant "ring_2", the hang of session 15's 32-row experiment). NR = 32: one warpgroup, modelled as two halves D0 / D1 of 64 threads that both
     run every chunk."""
     rnd = random.Random(seed)
     split = NR == 16
-    NCH = 5 if mut == "odd_ring" else NCH_OF[NR]
+    NCH = 5 if mut == "odd_ring" else 2 if mut == "ring_2" else NCH_OF[NR]
     full_count = 128 if (not split or mut == "full_count_one_wg") else 256
     mb = {**{f"rf{c}": MBar(1) for c in range(NCH)},
           **{f"re{c}": MBar(64 if mut == "raw_empty_count_64" else 128) for c in range(NCH)},
@@ -269,17 +270,28 @@ def run_protocol(reqs, seed, mut=None, NR=16):
                 s = it & 1
                 if not (mut == "dequant_skips_empty_wait" and gname == "D1"):
                     yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
-                for q in mine:
+                # as the kernel: chunk k's NoPE bytes are read before the wait for chunk k + 1 (whose bytes are
+                # read before chunk k is converted); chunk k's RoPE bytes are read at its conversion, then its
+                # slot is released
+                def slot_of(q):
                     g = 4 * it + q
-                    slot, phase = g % NCH, (g // NCH) & 1
-                    yield ("wait", f"rf{slot}", phase)
+                    return g % NCH, (g // NCH) & 1
+
+                def read(q, part):
+                    slot, phase = slot_of(q)
+                    if part == "nope": yield ("wait", f"rf{slot}", phase)
                     yield ("rbeg", f"R{slot}", ("C", r, j, q))
-                    if mut == "raw_empty_before_read" and gname == "D0":  # frees the slot mid-read
+                    if part == "rope" and mut == "raw_empty_before_read" and gname == "D0":  # frees mid-read
                         yield ("arrive", f"re{slot}", n)
                     yield ("rend", f"R{slot}", ("C", r, j, q))
+                yield from read(mine[0], "nope")
+                for k, q in enumerate(mine):
+                    if k + 1 < len(mine):
+                        yield from read(mine[k + 1], "nope")
+                    yield from read(q, "rope")
                     yield ("write", f"N{s}.{gname}.{q}", ("K", r, j))
                     if not (mut == "raw_empty_before_read" and gname == "D0"):
-                        yield ("arrive", f"re{slot}", n)
+                        yield ("arrive", f"re{slot_of(q)[0]}", n)
                 yield ("arrive", f"full{s}", n)
                 it += 1
 
@@ -332,7 +344,8 @@ def check_protocol(trials, mut=None):
 
 
 PROTOCOL_MUTANTS = ("raw_empty_count_64", "raw_empty_before_read", "producer_skips_raw_empty", "q_without_wait", "dequant_skips_empty_wait",
-                    "sl_one_buffer", "no_pt_barrier", "full_count_one_wg", "odd_ring")
+                    "sl_one_buffer", "no_pt_barrier", "full_count_one_wg", "odd_ring",
+                    "ring_2")
 # (sMax by page parity is belt and braces: one buffer is also safe, since a warp writes page t+1's
 # maxima only after the PT barrier of page t, which every warp reaches after reading page t's; the
 # model run with mutant "smax_one_buffer" passes, as it should)
