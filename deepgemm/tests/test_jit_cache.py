@@ -1,7 +1,6 @@
 """JIT compiler and disk cache (CPU): keys, atomic writes, cross-process reuse, real nvcc build."""
 import multiprocessing as mp
 import os
-import shutil
 import time
 
 import pytest
@@ -240,7 +239,7 @@ def test_multicast_switch(monkeypatch):
         c = kernels.make_config(kind, True, d, None, n, k, m, g)
         assert c.mcast == (2 if -(-n // c.bn) % 2 == 0 else 0), c
         if c.mcast:
-            assert "__cluster_dims__(2, 1, 1)" in kernels.kernel_source(c) and f", 0, 2>(" in kernels.kernel_source(c)
+            assert "__cluster_dims__(2, 1, 1)" in kernels.kernel_source(c) and ", 0, 2>(" in kernels.kernel_source(c)
     assert any(kernels.make_config("dense", True, d, None, n, 2048, 64, 1).mcast == 2 for n in (2112, 4096, 7168, 24576))
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "2")
     with pytest.raises(ValueError, match="DEEPGEMM_MULTICAST"):

@@ -34,7 +34,6 @@ def test_k_split_configs_have_even_stages(monkeypatch):
     for epi in ("staged", "direct"):
         monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
         for out in (torch.bfloat16, torch.float32):
-            d = torch.empty(1, 1, dtype=out)
             for m, n, k, g in [(64, 4096, 7168, 8), (32, 4096, 7168, 32), (64, 7168, 2048, 1), (128, 7168, 2048, 1),
                                (3, 4096, 384, 1), (64, 2112, 7168, 1), (1, 7168, 16384, 1), (100, 24576, 1536, 1)]:
                 for sms in (132, 77):
