@@ -45,12 +45,13 @@ constexpr int kFp8WgmmaMinRows = 33;
 constexpr int kWgmmaL2Prefetch = 0;
 constexpr int kWgmmaWg1Cols = 128;
 // Swap-AB FP8 kernel: L2 bulk prefetch distance in pages when FLASHMLA_L2_PREFETCH is unset (its
-// chunk ring keeps only 5 x 10.25 KiB of copies in flight per SM; H200 A/B: 2 and 0 within 2 %, 4 slower).
+// chunk ring keeps only 4 (16 rows) or 3 (32 rows) x 10.25 KiB of copies in flight per SM; H200 A/B,
+// sessions 12 and 15: 2 and 0 within 1-3 %, 4 slower by up to 8 %).
 constexpr int kSwapabL2Prefetch = 2;
 // FLASHMLA_KERNEL unset or 'auto' with an FP8 cache: the swap-AB kernel up to this many query rows,
 // 1..16 rows in its 16-row instantiation, 17..32 in its 32-row one (wgmma m64n32k16). H200
-// (BENCHMARKS.md): 1.07-1.16x the BF16 cache at 8-16 rows; 0.97-1.01x at 24/32 rows, where the
-// mma.sync FP8 path it replaces ran at 0.60-0.64x.
+// (BENCHMARKS.md, session 15): 1.20-1.29x the BF16 cache at 8-16 rows; 0.98-1.03x at 24/32 rows, where
+// the mma.sync FP8 path it replaced ran at 0.60-0.64x.
 constexpr int kSwapabMaxRows = 32;
 // FLASHMLA_SWAPAB_MAX_ROWS: unset or 32: kSwapabMaxRows; 16 (opt-out): 17..32 rows go back to the
 // mma.sync FP8 path, under auto and FLASHMLA_KERNEL=swapab. Any other value: swapab_max_rows()
