@@ -53,3 +53,24 @@ def test_swapab_fp8_model_passes_and_catches_mutants():
     assert res.returncode == 0, res.stdout + res.stderr
     assert "all 18 mutants caught" in res.stdout
 
+
+
+def test_ncu_source_summary_reads_a_source_view(tmp_path):
+    """benchmarks/ncu_source_summary.py on a three-instruction source view: sample shares, the barrier a wait
+    loop polls, a role's span and the excess shared-memory wavefronts."""
+    cols = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+            "L1 Wavefronts Shared Excessive", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal",
+            "stall_long_sb", "stall_short_sb", "stall_long_sb (Not Issued)"]
+    rows = [["0x7f0000000010", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R4+URZ+0x33c50], R5", "10", "4", "0", "0", "0",
+             "10", "0", "0"],
+            ["0x7f0000000020", "@!P0  BRA 0x7f0000000400", "60", "4", "0", "0", "0", "60", "0", "0"],
+            ["0x7f0000000030", "LDS.64 R6, [R7]", "30", "4", "8", "16", "8", "0", "30", "0"]]
+    src = tmp_path / "src.csv"
+    src.write_text('"Kernel Name","k"\n' + "\n".join(",".join(f'"{v}"' for v in r) for r in [cols] + rows) + "\n")
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "ncu_source_summary.py"
+    out = subprocess.run([sys.executable, str(script), str(src), "--role", "loads=LDS"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert "3 instructions, 100 samples: long_sb 70.0%, short_sb 30.0%" in out
+    assert "60.0%" in out and "polls R4+URZ+0x33c50" in out
+    assert "role loads [0x7f0000000030, 0x7f0000000030]: 30.0% of samples" in out
+    assert "LDS.64 R6, [R7]" in out and "16 / 8" in out
