@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 from bench_io import read_all
-from bench_write_cpu import MiB, print_table, sample  # (same folder: the script's own)
+from bench_write_cpu import MiB, print_table, run_on_cluster, sample  # (same folder: the script's own)
 
 
 def _worker(args):
@@ -67,15 +65,8 @@ def main(argv=None):
     ap.add_argument("--readahead", type=int, default=None, help="Client(readahead=) (default: its own)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    from threefs import LocalCluster, __version__
-    root = tempfile.mkdtemp(prefix="threefs-rcpu-")
-    rows = []
-    try:
-        with LocalCluster(os.path.join(root, "cluster"), 3, 3) as cl:
-            for p in [int(x) for x in a.procs.split(",")]:
-                rows.append(measure(cl, p, a.size_mib, a.rounds, not a.tcp, a.readahead))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    from threefs import __version__
+    rows = run_on_cluster("rcpu", a.procs, lambda cl, p: measure(cl, p, a.size_mib, a.rounds, not a.tcp, a.readahead))
     print_table(rows, "read", 3)
     if a.json:
         with open(a.json, "w") as f:

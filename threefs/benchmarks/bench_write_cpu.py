@@ -87,6 +87,18 @@ def print_table(rows: list, moved: str, digits: int) -> None:
               f"| {st} | {r['total_ms_per_mib']:.{digits}f} | {100 * r['machine_idle']:.0f}% |")
 
 
+def run_on_cluster(tag: str, procs: str, measure_one) -> list:
+    """measure_one(cluster, P) for each P of the comma list `procs`, on one fresh local 3-node, 3-replica
+    cluster in a temporary folder (removed afterwards)."""
+    from threefs import LocalCluster
+    root = tempfile.mkdtemp(prefix=f"threefs-{tag}-")
+    try:
+        with LocalCluster(os.path.join(root, "cluster"), 3, 3) as cl:
+            return [measure_one(cl, int(p)) for p in procs.split(",")]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def measure(cl, procs: int, size_mib: int, rounds: int) -> dict:
     per = max(1, size_mib // procs)
     barrier = time.time() + 1.0 + 0.4 * procs
@@ -102,15 +114,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    from threefs import LocalCluster, __version__
-    root = tempfile.mkdtemp(prefix="threefs-cpu-")
-    rows = []
-    try:
-        with LocalCluster(os.path.join(root, "cluster"), 3, 3) as cl:
-            for p in [int(x) for x in a.procs.split(",")]:
-                rows.append(measure(cl, p, a.size_mib, a.rounds))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    from threefs import __version__
+    rows = run_on_cluster("cpu", a.procs, lambda cl, p: measure(cl, p, a.size_mib, a.rounds))
     print_table(rows, "written", 2)
     if a.json:
         with open(a.json, "w") as f:
