@@ -18,7 +18,7 @@ import sys
 import time
 
 from bench_io import read_all
-from bench_write_cpu import MiB, print_table, run_on_cluster, sample  # (same folder: the script's own)
+from bench_write_cpu import MiB, print_table, run_clients, run_on_cluster  # (same folder: the script's own)
 
 
 def _worker(args):
@@ -50,10 +50,7 @@ def measure(cl, procs: int, size_mib: int, rounds: int, sc: bool, ra=None) -> di
             for _ in range(per):
                 f.write(blk)
     fs.close()
-    barrier = time.time() + 1.0 + 0.4 * procs
-    jobs = [(cl.mgmtd_addrs, cl.secret, f"/rd{procs}_{i}", per, rounds, barrier, sc, ra)
-            for i in range(procs)]
-    return {"procs": procs, **sample(cl, _worker, jobs, barrier, procs * per * rounds)}
+    return run_clients(cl, _worker, procs, "rd", per, rounds, sc, ra)
 
 
 def main(argv=None):

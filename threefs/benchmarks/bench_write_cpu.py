@@ -99,12 +99,16 @@ def run_on_cluster(tag: str, procs: str, measure_one) -> list:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def measure(cl, procs: int, size_mib: int, rounds: int) -> dict:
-    per = max(1, size_mib // procs)
+def run_clients(cl, worker, procs: int, name: str, per: int, rounds: int, *extra) -> dict:
+    """`procs` client processes of worker(mgmtd, secret, path, per, rounds, barrier, *extra) on the files
+    /<name><procs>_<i>, started together at a barrier, sampled as in sample()."""
     barrier = time.time() + 1.0 + 0.4 * procs
-    jobs = [(cl.mgmtd_addrs, cl.secret, f"/cpu{procs}_{i}", per, rounds, barrier)
-            for i in range(procs)]
-    return {"procs": procs, **sample(cl, _worker, jobs, barrier, procs * per * rounds)}
+    jobs = [(cl.mgmtd_addrs, cl.secret, f"/{name}{procs}_{i}", per, rounds, barrier, *extra) for i in range(procs)]
+    return {"procs": procs, **sample(cl, worker, jobs, barrier, procs * per * rounds)}
+
+
+def measure(cl, procs: int, size_mib: int, rounds: int) -> dict:
+    return run_clients(cl, _worker, procs, "cpu", max(1, size_mib // procs), rounds)
 
 
 def main(argv=None):
