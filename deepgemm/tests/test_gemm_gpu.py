@@ -596,6 +596,39 @@ def test_split_k_deterministic_and_graphs(mode, monkeypatch):
     assert all(int(ctr.abs().sum()) == 0 for _, ctr in kernels._workspaces.values())
 
 
+@pytest.mark.parametrize("m,n,k,blocks,s", [
+    (128, 7168, 16384, None, "auto"),  # the model's pick under multicast
+    (128, 4096, 7168, None, "auto"),
+    (64, 2112, 7168, None, "auto"),
+    (128, 2112, 7168, "128x48", "3"),  # 44 N blocks, K blocks 56 = 18 + 19 + 19
+    (100, 4096, 7168, "128x64", "4"),  # A box of 112 rows: two 56-row halves, rows past M zero-filled
+    (37, 1000, 7168, "64x64", "5"),    # unaligned M and N: 16 N blocks, the last one partial
+])
+def test_split_k_multicast(m, n, k, blocks, s, monkeypatch):
+    """DEEPGEMM_MULTICAST=1 with split-K: the two CTAs of a cluster take N blocks 2p and 2p + 1 of the same M block
+    and K slice and share A's boxes through TMA multicast. Same tiles, slices and summation order as the plain
+    split-K kernel, so bit-identical to it; poisoned output vs the reference; CUDA-graph replays."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", s)
+    if blocks:
+        monkeypatch.setenv("DEEPGEMM_BLOCKS", blocks)
+    d, r, cfg, (a, b, _) = _split_run(m, n, k, m + n + k)
+    assert cfg.splitk > 1 and cfg.mcast == 2, cfg
+    assert kernels.get_kernel(cfg)[1].mcast == 2  # no spill fallback
+    _check(d, r)
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "0")
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", f"{cfg.bm}x{cfg.bn}")
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", str(cfg.splitk))
+    plain = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, plain)
+    torch.cuda.synchronize()
+    assert torch.equal(plain, d)
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
+    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
+    assert all(int(ctr.abs().sum()) == 0 for _, ctr in kernels._workspaces.values())
+
+
 def test_split_k_workspace_first_made_in_capture(monkeypatch):
     """A workspace first needed while a CUDA graph is captured: the call gets its own (its counters' zeroing is
     captured too); replays and a later eager call (which makes the cached one) are bit-identical."""

@@ -67,14 +67,16 @@ SHAPES += [("masked", 64, 4096, 7168, 8), ("masked", 32, 7168, 2048, 32), ("mask
 def test_cluster_schedule_covers_every_tile_once_and_balances(num_sms):
     """With and without multicast, every tile is computed exactly once, the per-CTA tile counts differ by
     at most one, and the two CTAs of a cluster walk equally long sequences whose tiles share the
-    multicast operand at every step (same N block for mcast 1, same group and M block for mcast 2)."""
+    multicast operand at every step (same N block for mcast 1, same group and M block for mcast 2; with split-K
+    also the same K slice: units are slice-major, u = slice * NB + n)."""
     rng = random.Random(0)
-    seen_mcast = set()
+    seen_mcast, seen_split = set(), False
     for kind, m, n, k, g in SHAPES:
         for env in ("0", "1"):
             cfg = kernels._make_config(kind, True, torch.bfloat16, None, n, k, m, g, num_sms, "staged", "1",
                                        "fill", "0", "0", env)
-            nb = ceil_div(n, cfg.bn)
+            nb1 = ceil_div(n, cfg.bn)
+            nb = nb1 * max(cfg.splitk, 1)  # the scheduler's N units (split-K: one per N block and slice)
             masked_m = [rng.randint(0, m) for _ in range(g - 1)] + [m] if kind == "masked" else None
             tiles = g * ceil_div(m, cfg.bm) * nb  # what the host passes to the launch
             grid = kernels.launch_grid(cfg, tiles, num_sms)
@@ -95,8 +97,9 @@ def test_cluster_schedule_covers_every_tile_once_and_balances(num_sms):
                         if cfg.mcast == 1:
                             assert (g0, n0, m0 % 2, m1) == (g1, n1, 0, m0 + 1), cfg
                         else:
-                            assert (g0, m0, n0 % 2, n1) == (g1, m1, 0, n0 + 1), cfg
-    assert seen_mcast == {1, 2}
+                            assert (g0, m0, n0 % 2, n1, n0 // nb1) == (g1, m1, 0, n0 + 1, n1 // nb1), cfg
+                seen_split |= cfg.splitk > 1 and cfg.mcast == 2
+    assert seen_mcast == {1, 2} and seen_split
 
 
 def _sass_tools():

@@ -15,9 +15,9 @@ D = torch.empty(1, 1, dtype=torch.bfloat16)
 NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 
 
-def _cfg(n, k, m, env="auto", out=torch.bfloat16, ct=None, kind="dense", fp8=True, blocks="", num_sms=132):
+def _cfg(n, k, m, env="auto", out=torch.bfloat16, ct=None, kind="dense", fp8=True, blocks="", num_sms=132, mcast="0"):
     return kernels._make_config(kind, fp8, out, ct, n, k, m, 1, num_sms, "staged", "1", blocks_env=blocks,
-                                split_k_env=env)
+                                split_k_env=env, mcast_env=mcast)
 
 
 def test_default_auto_and_parsing(monkeypatch):
@@ -35,14 +35,17 @@ def test_default_auto_and_parsing(monkeypatch):
 
 
 def test_split_config(monkeypatch):
-    """On: FP8 dense at M <= 128 only; the direct epilogue, no TMA store / PIPE / multicast (they are set in the
-    environment and ignored); S capped at the K blocks and SPLIT_K_MAX; BM = 64 keeps the K split between two
-    consumer warpgroups; DEEPGEMM_BLOCKS forces the tile."""
+    """On: FP8 dense at M <= 128 only; the direct epilogue, no TMA store / PIPE (they are set in the environment
+    and ignored); multicast of A where the N blocks pair up; S capped at the K blocks and SPLIT_K_MAX; BM = 64
+    keeps the K split between two consumer warpgroups; DEEPGEMM_BLOCKS forces the tile."""
     monkeypatch.setenv("DEEPGEMM_SPLIT_K", "8")
     for var, val in (("DEEPGEMM_TMA_STORE", "1"), ("DEEPGEMM_PIPE", "1"), ("DEEPGEMM_MULTICAST", "1")):
         monkeypatch.setenv(var, val)
     cfg = kernels.make_config("dense", True, D, None, 7168, 2048, 64, 1)
-    assert (cfg.splitk, cfg.epi, cfg.tstore, cfg.pipe, cfg.mcast) == (8, 0, 0, 0, 0)
+    assert (cfg.splitk, cfg.epi, cfg.tstore, cfg.pipe, cfg.mcast) == (8, 0, 0, 0, 2) and -(-7168 // cfg.bn) % 2 == 0
+    assert _cfg(7168, 2048, 64, env="8", blocks="64x112", mcast="1").mcast == 2  # 64 N blocks pair up
+    assert _cfg(7168, 2048, 64, env="8", blocks="64x96", mcast="1").mcast == 0  # 75 do not
+    assert _cfg(7168, 2048, 64, env="8", blocks="64x112").mcast == 0  # multicast off
     assert cfg.bm == 64 and cfg.ksplit == 1 and cfg.stages % 2 == 0
     assert kernels.make_config("dense", True, D, None, 7168, 2048, 129, 1).splitk == 0  # M > 128
     assert kernels.make_config("masked", True, D, None, 7168, 2048, 64, 4).splitk == 0

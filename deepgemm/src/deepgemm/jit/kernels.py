@@ -194,15 +194,18 @@ SMALL_M_FIT = (5.58, 0.0403, 0.0058, 0.168)
 SPLIT_K_SYNC_US = 0.5  # the last unit's fenced counter atomic + barriers (an L2 round trip or two)
 
 
-def small_m_time(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int = 1) -> float:
+def small_m_time(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int = 1, mcast: bool = False) -> float:
     """Modelled time (us) of an FP8 dense GEMM at M <= 128 with BM x BN tiles and s K slices (1: no split).
     Split-K adds the last unit's tail: writing its FP32 partial, the counter, and reading the s partials back
-    (charged twice the per-KB rate: a chain of dependent L2 round trips, not a prefetched TMA stream)."""
+    (charged twice the per-KB rate: a chain of dependent L2 round trips, not a prefetched TMA stream).
+    mcast: 2-CTA clusters share A's boxes (each SM pulls half of them from L2)."""
     c0, c_blk, c_kb, c_mb = SMALL_M_FIT
     kb = k // 128
     units = ceil_div(max(m, 1), bm) * ceil_div(n, bn) * s
     chain = ceil_div(units, num_sms) * ceil_div(kb, s)  # K blocks one CTA works through, one after another
-    rows_a = min(bm, ceil_div(max(m, 1), 8) * 8)  # the A box holds only the rows that exist
+    rows_a = min(bm, ceil_div(max(m, 1), 16 if mcast else 8) * (16 if mcast else 8))  # the rows that exist
+    if mcast:
+        rows_a //= 2
     t = c0 + c_blk * chain + c_kb * chain * (rows_a + bn) * 128 / 1024 + c_mb * n * k / 1e6
     if s > 1:
         part_kb = bm * bn * 4 / 1024
@@ -210,10 +213,12 @@ def small_m_time(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int 
     return t
 
 
-def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto") -> tuple[int, int, int] | None:
+def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto",
+                   mcast: bool = False) -> tuple[int, int, int] | None:
     """(BM, BN, S) for an FP8 dense GEMM with M <= SMALL_M under DEEPGEMM_SPLIT_K=s_env ("auto" or an
     integer S >= 2, capped at the K blocks and SPLIT_K_MAX), or None (no split: "0", M too large, one K
-    block, or auto where small_m_time predicts less than a 1 / SPLIT_K_GAIN speed-up)."""
+    block, or auto where small_m_time predicts less than a 1 / SPLIT_K_GAIN speed-up). mcast: tiles in
+    2-CTA clusters sharing A (only widths that give an even number of N blocks)."""
     kb = k // 128
     if s_env == "0" or m > SMALL_M or kb < 2:
         return None
@@ -225,10 +230,14 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto") ->
         if bm > 64 and m <= 64:
             continue
         for bn in BLOCK_NS_FP8:
+            if mcast and ceil_div(n, bn) % 2:
+                continue
             for s in ((s_fixed,) if s_fixed else range(2, min(kb, SPLIT_K_MAX) + 1)):
-                cand = (small_m_time(m, n, k, num_sms, bm, bn, s), s, -bn, bm)
+                cand = (small_m_time(m, n, k, num_sms, bm, bn, s, mcast), s, -bn, bm)
                 if best is None or cand < best[0]:
                     best = (cand, bm, bn, s)
+    if best is None:
+        return None
     if s_fixed is None:
         bm0, bn0 = choose_blocks(m, n, 1, num_sms)
         if best[0][0] >= SPLIT_K_GAIN * small_m_time(m, n, k, num_sms, bm0, bn0):
@@ -324,8 +333,11 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         raise ValueError(f"DEEPGEMM_BN256: expected 0, 1 or 2, got {bn256_env!r}")
     if split_k_env != "auto" and not (split_k_env.isdigit() and int(split_k_env) <= 1024):
         raise ValueError(f"DEEPGEMM_SPLIT_K: expected 0, auto or a slice count such as 4, got {split_k_env!r}")
-    split = choose_split_k(m_hint, n, k, num_sms, split_k_env) if fp8 and kind == "dense" else None
-    if split is not None:  # FP8 dense, M <= 128: cross-CTA split-K, direct epilogue, no PIPE/multicast/TMA store
+    if mcast_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
+    split_mc = mcast_env == "1" and num_sms >= 2
+    split = choose_split_k(m_hint, n, k, num_sms, split_k_env, split_mc) if fp8 and kind == "dense" else None
+    if split is not None:  # FP8 dense, M <= 128: cross-CTA split-K, direct epilogue, no PIPE/TMA store
         bm, bn, s = split
         if blocks_env:
             bm, bn = parse_blocks(blocks_env, fp8)
@@ -333,8 +345,10 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
                 raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
         ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
         stages = max_stages(fp8, k, bm, bn, ksplit=ksplit)
+        # multicast: pairs of N blocks (same M block and K slice) share A's boxes
+        mcast = 2 if split_mc and ceil_div(n, bn) % 2 == 0 else 0
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, 0, ksplit,
-                      min_sms=min_sms, splitk=s)
+                      mcast=mcast, min_sms=min_sms, splitk=s)
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0")
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
@@ -352,8 +366,6 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     wide = fp8 and bn > 128  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
     rs = int(wide and bn256_env == "2")
     pipe = int(fp8 and not ksplit and not wide and pipe_env == "1")
-    if mcast_env not in ("0", "1"):
-        raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
     # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
     # an even count of those, and a grid of >= 2 CTAs
     mcast = 0

@@ -273,7 +273,7 @@ struct SmemPlan {
 // epilogue writes one 128-byte-swizzled 64 x 64 box per 64-column pass (placed after the B stages, 1024-
 // aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [M, N]); it waits for the previous
 // tile's stores to have read the boxes before rewriting them, and for all of them before the CTA exits.
-// SPLITK = S > 0 (DEEPGEMM_SPLIT_K; FP8 dense, direct epilogue, no PIPE/MCAST/TSTORE/wide tile): cross-CTA
+// SPLITK = S > 0 (DEEPGEMM_SPLIT_K; FP8 dense, direct epilogue, no PIPE/MCAST 1/TSTORE/wide tile): cross-CTA
 // split-K. A work unit is (tile, slice): slice s of S takes K blocks [s * KB / S, (s + 1) * KB / S) (at least
 // one each: S <= KB). Each unit accumulates its slice as usual (same per-block promotion), writes its FP32
 // partial tile to workspace slot (tile * S + s) of ws (BM * BN floats, register-native layout: element
@@ -316,8 +316,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   static_assert(!WIDE || (BM == 128 && !KSPLIT && !PIPE && !MCAST), "FP8 BN = 256: BM = 128, no KSPLIT/PIPE/MCAST");
   static_assert(!RS || WIDE, "RS (A from registers): the wide FP8 tile only");
   static_assert(K % KEL == 0, "K");
-  static_assert(!SPLITK || (FP8 && KIND == kDense && EPI == 0 && !PIPE && !MCAST && !TSTORE && !WIDE && SPLITK <= KB),
-                "SPLITK: FP8 dense, direct epilogue, no PIPE/MCAST/TSTORE/wide tile, S <= K blocks");
+  static_assert(!SPLITK || (FP8 && KIND == kDense && EPI == 0 && !PIPE && MCAST != 1 && !TSTORE && !WIDE && SPLITK <= KB),
+                "SPLITK: FP8 dense, direct epilogue, no PIPE/MCAST 1/TSTORE/wide tile, S <= K blocks");
+  // SPLITK with MCAST 2: the pair (2p, 2p + 1) of slice-major units lies in one slice when NB is even, so the two
+  // CTAs of a cluster take adjacent N blocks of the same M block and K slice and share A's boxes
+  static_assert(!(SPLITK && MCAST) || NB % 2 == 0, "SPLITK with MCAST 2: an even number of N blocks");
   constexpr int NU_ALL = NB * (SPLITK ? SPLITK : 1);  // SPLITK: scheduler units (slice-major: u = s * NB + n)
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
