@@ -260,7 +260,10 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
           if (row >= valid) rope = make_uint4(0, 0, 0, 0);
           sts128(st + 8 * SLAB + row * 128 + ((ru ^ (row & 7)) << 4), rope.x, rope.y, rope.z, rope.w);
         }
-        mbar_arrive(c.raw_empty(cur_slot));  // our reads of the slot are done (their values are stored)
+        // our reads of the slot are done (their values are stored). Arriving right after the loads instead
+        // raced with the producer's next TMA write on the H200 (BENCHMARKS.md, session 16) unless a
+        // fence.proxy.async came first, which cost what the earlier refill gained
+        mbar_arrive(c.raw_empty(cur_slot));
         if (k + 1 < QN) cur = nxt, cur_slot = nxt_slot;
       }
       fence_async_smem();  // generic-proxy stores -> visible to wgmma
