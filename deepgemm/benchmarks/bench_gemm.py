@@ -182,6 +182,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
+    ap.add_argument("--compare-only", action="store_true", help="skip the main table (with --compare)")
     ap.add_argument("--compare", action="append", default=[], metavar="ENV=V1,V2",
                     help="also time our kernels under each value of an environment switch on small-M shapes, "
                          "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_SMALL_M_BN=fill,pow2 (repeatable); several switches "
@@ -196,10 +197,12 @@ def main():
     dense = [(m, n, k) for m in DENSE_M for n, k in DENSE_NK]
     if args.quick:
         dense = [(64, 7168, 2048), (128, 7168, 2048), (4096, 7168, 2048), (4096, 4096, 7168)]
+    if args.compare_only:
+        dense = []
     for m, n, k in dense:
         rows.append(bench_dense(m, n, k, with_ref=not args.quick))
         print(json.dumps(rows[-1]), flush=True)
-    for n, k in GROUPED_NK:
+    for n, k in ([] if args.compare_only else GROUPED_NK):
         for g, mg in (CONTIG[:1] if args.quick else CONTIG):
             rows.append(bench_contiguous(g, mg, n, k))
             print(json.dumps(rows[-1]), flush=True)
@@ -265,7 +268,7 @@ def main():
     sp_small = [r["speedup_vs_block"] for r in rows if r["layout"] == "dense" and r["m"] <= 128 and "speedup_vs_block" in r]
     gm = lambda v: math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")  # noqa: E731
     summary = {"geomean_speedup_dense": gm(sp), "geomean_speedup_dense_m_le_128": gm(sp_small),
-               "max_dense_tflops": max(r["ours_tflops"] for r in rows if r["layout"] == "dense"),
+               "max_dense_tflops": max((r["ours_tflops"] for r in rows if r["layout"] == "dense"), default=float("nan")),
                "compiles": compiles, "seconds": time.time() - t0, "blockwise_layout": _blockwise_layout}
     print(f"geomean speed-up vs cuBLAS blockwise: dense {summary['geomean_speedup_dense']:.2f}x, "
           f"M<=128 {summary['geomean_speedup_dense_m_le_128']:.2f}x; max dense {summary['max_dense_tflops']:.0f} TFLOPS")

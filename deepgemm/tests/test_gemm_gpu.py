@@ -629,6 +629,38 @@ def test_split_k_multicast(m, n, k, blocks, s, monkeypatch):
     assert all(int(ctr.abs().sum()) == 0 for _, ctr in kernels._workspaces.values())
 
 
+@pytest.mark.parametrize("m,n,k,blocks,s,mcast", [
+    (128, 7168, 16384, None, "auto", "0"),  # the model's tiles: 64 K blocks per slice, 32 pairs
+    (64, 2112, 7168, None, "auto", "0"),     # BM = 64: the K split's two warpgroups each pair their blocks
+    (128, 2112, 7168, "128x48", "3", "0"),  # 18 / 19 / 19 K blocks: an odd last block
+    (37, 1000, 7168, "64x64", "5", "1"),    # unaligned M and N, with multicast of A
+    (100, 24, 384, "64x24", "2", "0"),      # one tile, 1 + 2 K blocks
+])
+def test_split_k_pipe(m, n, k, blocks, s, mcast, monkeypatch):
+    """DEEPGEMM_PIPE=1 with split-K: each consumer warpgroup takes its K blocks in pairs, the second's WGMMAs in
+    flight while the first is promoted. Same promotions in the same order, so bit-identical to PIPE=0 with the same
+    tiles and slices; poisoned output vs the reference; CUDA-graph replays."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_PIPE", "1")
+    monkeypatch.setenv("DEEPGEMM_MULTICAST", mcast)
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", s)
+    if blocks:
+        monkeypatch.setenv("DEEPGEMM_BLOCKS", blocks)
+    d, r, cfg, (a, b, _) = _split_run(m, n, k, m + 2 * n + k)
+    assert cfg.splitk > 1 and cfg.pipe == 1 and cfg.mcast == (2 if mcast == "1" else 0), cfg
+    assert kernels.get_kernel(cfg)[1].pipe == 1  # no spill fallback
+    _check(d, r)
+    monkeypatch.setenv("DEEPGEMM_PIPE", "0")
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", f"{cfg.bm}x{cfg.bn}")
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", str(cfg.splitk))
+    plain = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, plain)
+    torch.cuda.synchronize()
+    assert torch.equal(plain, d)
+    monkeypatch.setenv("DEEPGEMM_PIPE", "1")
+    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
+
+
 def test_split_k_workspace_first_made_in_capture(monkeypatch):
     """A workspace first needed while a CUDA graph is captured: the call gets its own (its counters' zeroing is
     captured too); replays and a later eager call (which makes the cached one) are bit-identical."""

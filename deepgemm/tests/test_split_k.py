@@ -15,9 +15,10 @@ D = torch.empty(1, 1, dtype=torch.bfloat16)
 NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 
 
-def _cfg(n, k, m, env="auto", out=torch.bfloat16, ct=None, kind="dense", fp8=True, blocks="", num_sms=132, mcast="0"):
+def _cfg(n, k, m, env="auto", out=torch.bfloat16, ct=None, kind="dense", fp8=True, blocks="", num_sms=132, mcast="0",
+         pipe="0"):
     return kernels._make_config(kind, fp8, out, ct, n, k, m, 1, num_sms, "staged", "1", blocks_env=blocks,
-                                split_k_env=env, mcast_env=mcast)
+                                split_k_env=env, mcast_env=mcast, pipe_env=pipe)
 
 
 def test_default_auto_and_parsing(monkeypatch):
@@ -35,14 +36,14 @@ def test_default_auto_and_parsing(monkeypatch):
 
 
 def test_split_config(monkeypatch):
-    """On: FP8 dense at M <= 128 only; the direct epilogue, no TMA store / PIPE (they are set in the environment
-    and ignored); multicast of A where the N blocks pair up; S capped at the K blocks and SPLIT_K_MAX; BM = 64
-    keeps the K split between two consumer warpgroups; DEEPGEMM_BLOCKS forces the tile."""
+    """On: FP8 dense at M <= 128 only; the direct epilogue, no TMA store (set in the environment and ignored);
+    PIPE pairs the K blocks; multicast of A where the N blocks pair up; S capped at the K blocks and SPLIT_K_MAX;
+    BM = 64 keeps the K split between two consumer warpgroups; DEEPGEMM_BLOCKS forces the tile."""
     monkeypatch.setenv("DEEPGEMM_SPLIT_K", "8")
     for var, val in (("DEEPGEMM_TMA_STORE", "1"), ("DEEPGEMM_PIPE", "1"), ("DEEPGEMM_MULTICAST", "1")):
         monkeypatch.setenv(var, val)
     cfg = kernels.make_config("dense", True, D, None, 7168, 2048, 64, 1)
-    assert (cfg.splitk, cfg.epi, cfg.tstore, cfg.pipe, cfg.mcast) == (8, 0, 0, 0, 2) and -(-7168 // cfg.bn) % 2 == 0
+    assert (cfg.splitk, cfg.epi, cfg.tstore, cfg.pipe, cfg.mcast) == (8, 0, 0, 1, 2) and -(-7168 // cfg.bn) % 2 == 0
     assert _cfg(7168, 2048, 64, env="8", blocks="64x112", mcast="1").mcast == 2  # 64 N blocks pair up
     assert _cfg(7168, 2048, 64, env="8", blocks="64x96", mcast="1").mcast == 0  # 75 do not
     assert _cfg(7168, 2048, 64, env="8", blocks="64x112").mcast == 0  # multicast off
@@ -230,7 +231,10 @@ def _split_configs():
              _cfg(7168, 2048, 128, env="3", ct=torch.bfloat16),  # BF16 C, K blocks 16 = 5 + 5 + 6
              _cfg(1000, 7168, 37, env="auto"),  # unaligned N and M
              _cfg(7168, 2048, 128, env="4", blocks="128x128"),
-             _cfg(4096, 7168, 1, env="8", out=torch.float8_e4m3fn)]
+             _cfg(4096, 7168, 1, env="8", out=torch.float8_e4m3fn),
+             # two K blocks in flight (DEEPGEMM_PIPE=1): BM = 128, the K split at BM = 64, odd slices, multicast
+             _cfg(7168, 16384, 128, pipe="1"), _cfg(2112, 7168, 64, env="4", pipe="1"),
+             _cfg(1000, 7168, 37, env="5", pipe="1"), _cfg(4096, 7168, 128, env="3", pipe="1", mcast="1")]
     cfgs = [c for c in dict.fromkeys(cfgs) if c.splitk]
     assert len(cfgs) >= 12
     return cfgs

@@ -273,7 +273,7 @@ struct SmemPlan {
 // epilogue writes one 128-byte-swizzled 64 x 64 box per 64-column pass (placed after the B stages, 1024-
 // aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [M, N]); it waits for the previous
 // tile's stores to have read the boxes before rewriting them, and for all of them before the CTA exits.
-// SPLITK = S > 0 (DEEPGEMM_SPLIT_K; FP8 dense, direct epilogue, no PIPE/MCAST 1/TSTORE/wide tile): cross-CTA
+// SPLITK = S > 0 (DEEPGEMM_SPLIT_K; FP8 dense, direct epilogue, no MCAST 1/TSTORE/wide tile): cross-CTA
 // split-K. A work unit is (tile, slice): slice s of S takes K blocks [s * KB / S, (s + 1) * KB / S) (at least
 // one each: S <= KB). Each unit accumulates its slice as usual (same per-block promotion), writes its FP32
 // partial tile to workspace slot (tile * S + s) of ws (BM * BN floats, register-native layout: element
@@ -293,9 +293,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int NUM_MATH_WG = KSPLIT ? 2 : BM / 64;
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
-  static_assert(!PIPE || (FP8 && !KSPLIT && STAGES >= 2), "PIPE: FP8 without KSPLIT, >= 2 stages");
+  static_assert(!PIPE || (FP8 && (!KSPLIT || SPLITK) && STAGES >= 2), "PIPE: FP8 without KSPLIT (but for SPLITK), >= 2 stages");
   static_assert(MCAST != 1 || (KIND == kDense && !KSPLIT && !PIPE && BN % 16 == 0), "MCAST 1: dense, no KSPLIT/PIPE, BN % 16 == 0");
-  static_assert(MCAST != 2 || (KIND != kContiguous && !PIPE), "MCAST 2: dense or masked, no PIPE");
+  static_assert(MCAST != 2 || (KIND != kContiguous && (!PIPE || SPLITK)), "MCAST 2: dense or masked, no PIPE (but for SPLITK)");
   constexpr int B_HALF = BN / 2 * 128;  // MCAST: bytes of one CTA's half of the B tile (1024-aligned)
   constexpr int KEL = FP8 ? 128 : 64;  // elements per 128-byte K block
   constexpr int KB = K / KEL;
@@ -316,8 +316,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   static_assert(!WIDE || (BM == 128 && !KSPLIT && !PIPE && !MCAST), "FP8 BN = 256: BM = 128, no KSPLIT/PIPE/MCAST");
   static_assert(!RS || WIDE, "RS (A from registers): the wide FP8 tile only");
   static_assert(K % KEL == 0, "K");
-  static_assert(!SPLITK || (FP8 && KIND == kDense && EPI == 0 && !PIPE && MCAST != 1 && !TSTORE && !WIDE && SPLITK <= KB),
-                "SPLITK: FP8 dense, direct epilogue, no PIPE/MCAST 1/TSTORE/wide tile, S <= K blocks");
+  static_assert(!SPLITK || (FP8 && KIND == kDense && EPI == 0 && MCAST != 1 && !TSTORE && !WIDE && SPLITK <= KB),
+                "SPLITK: FP8 dense, direct epilogue, no MCAST 1/TSTORE/wide tile, S <= K blocks");
   // SPLITK with MCAST 2: the pair (2p, 2p + 1) of slice-major units lies in one slice when NB is even, so the two
   // CTAs of a cluster take adjacent N blocks of the same M block and K slice and share A's boxes
   static_assert(!(SPLITK && MCAST) || NB % 2 == 0, "SPLITK with MCAST 2: an even number of N blocks");
@@ -572,12 +572,15 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       // pipeline step itb + kb. B's scales: lane j of every warp loads those of block kb_lo + 32c + j for the
       // unit's c-th run of 32 blocks in one go, and each block takes its pair by a shuffle, so the K loop does
       // not wait on one global load per block (a small-M K block is far shorter than an L2 round trip).
+      // PIPE: the blocks go in pairs, the second's WGMMAs running while the first is promoted (straight-line
+      // within a pair, so ptxas keeps both commit groups in flight; an odd last block goes alone).
       const int kb_lo = slice * KB / SPLITK, kb_hi = (slice + 1) * KB / SPLITK;
       const u32 itb = it - (u32)kb_lo;
-      float t[BN / 2], sc[4];
       float sbv0 = 0.f, sbv1 = 0.f;
       int run = -1;
-      for (int kb = kb_lo + kw; kb < kb_hi; kb += KSTEP) {
+      // waits for block kb's stage, takes its scales and issues its 4 WGMMAs into t (one commit group);
+      // returns the stage
+      auto issue_blk = [&](int kb, float (&t)[BN / 2], float (&sc)[4]) {
         const int j = kb - kb_lo;
         if ((j >> 5) != run) {
           run = j >> 5;
@@ -595,10 +598,29 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
         for (int k = 0; k < 4; ++k) Wgmma<BN, FP8>::mma(t, make_desc(a_addr + 32 * k), make_desc(b_addr + 32 * k), k);
         wgmma_commit();
-        wgmma_wait<0>();
+        return s;
+      };
+      auto retire_blk = [&](u32 s, float (&t)[BN / 2], const float (&sc)[4]) {
         fence_regs(t);
         release(s);
         promote(t, sc);
+      };
+      float t[BN / 2], sc[4];
+      int kb = kb_lo + kw;
+      if constexpr (PIPE) {
+        float t1[BN / 2], sc1[4];
+        for (; kb + KSTEP < kb_hi; kb += 2 * KSTEP) {
+          const u32 s0 = issue_blk(kb, t, sc), s1 = issue_blk(kb + KSTEP, t1, sc1);
+          wgmma_wait<1>();
+          retire_blk(s0, t, sc);
+          wgmma_wait<0>();
+          retire_blk(s1, t1, sc1);
+        }
+      }
+      for (; kb < kb_hi; kb += KSTEP) {
+        const u32 s = issue_blk(kb, t, sc);
+        wgmma_wait<0>();
+        retire_blk(s, t, sc);
       }
       it += (u32)(kb_hi - kb_lo) - KB;  // (KB is added below)
     } else if constexpr (!PIPE) {
