@@ -243,3 +243,19 @@ def test_fp8_roundtrip_accuracy():
     assert torch.equal(y[..., 512:], x[..., 512:])           # RoPE part kept in bf16
     rel = (y[..., :512].float() - x[..., :512].float()).norm() / x[..., :512].float().norm()
     assert rel < 0.04                                          # e4m3: 3 mantissa bits
+
+
+def test_fp8_dequantise_exact_float32():
+    """dtype=torch.float32: every NoPE value is fp8 x its tile's scale rounded to float32 (the bf16 default is that
+    value rounded once more); the RoPE part is the stored bf16; other dtypes are refused."""
+    x = torch.randn(2, 64, 1, 576).to(torch.bfloat16) * 3
+    k8 = flashmla.quantize_kvcache(x)
+    y = flashmla.dequantize_kvcache(k8, dtype=torch.float32)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    e = k8[..., :512].view(torch.float8_e4m3fn).double().reshape(2, 64, 1, 4, 128)
+    s = k8[..., 512:528].contiguous().view(torch.float32).double().reshape(2, 64, 1, 4, 1)
+    assert torch.equal(y[..., :512], (e * s).reshape(2, 64, 1, 512).float())  # the float64 product is exact
+    assert torch.equal(y[..., 512:], x[..., 512:].float())
+    assert torch.equal(flashmla.dequantize_kvcache(k8), y.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="dtype"):
+        flashmla.dequantize_kvcache(k8, dtype=torch.float16)
