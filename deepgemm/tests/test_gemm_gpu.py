@@ -596,6 +596,20 @@ def test_split_k_deterministic_and_graphs(mode, monkeypatch):
     assert all(int(ctr.abs().sum()) == 0 for _, ctr in kernels._workspaces.values())
 
 
+def _split_same_without(switch, cfg, a, b, d, monkeypatch):
+    """d (a split-K GEMM under switch=1) equals, bit for bit, the call under switch=0 with cfg's tiles and slices
+    forced; then the switch=1 call captured in a CUDA graph reproduces d over 10 replays."""
+    monkeypatch.setenv(switch, "0")
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", f"{cfg.bm}x{cfg.bn}")
+    monkeypatch.setenv("DEEPGEMM_SPLIT_K", str(cfg.splitk))
+    plain = poisoned(tuple(d.shape), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, plain)
+    torch.cuda.synchronize()
+    assert torch.equal(plain, d)
+    monkeypatch.setenv(switch, "1")
+    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
+
+
 @pytest.mark.parametrize("m,n,k,blocks,s", [
     (128, 7168, 16384, None, "auto"),  # the model's pick under multicast
     (128, 4096, 7168, None, "auto"),
@@ -617,15 +631,7 @@ def test_split_k_multicast(m, n, k, blocks, s, monkeypatch):
     assert cfg.splitk > 1 and cfg.mcast == 2, cfg
     assert kernels.get_kernel(cfg)[1].mcast == 2  # no spill fallback
     _check(d, r)
-    monkeypatch.setenv("DEEPGEMM_MULTICAST", "0")
-    monkeypatch.setenv("DEEPGEMM_BLOCKS", f"{cfg.bm}x{cfg.bn}")
-    monkeypatch.setenv("DEEPGEMM_SPLIT_K", str(cfg.splitk))
-    plain = poisoned((m, n), torch.bfloat16, DEV)
-    dg.fp8_gemm_nt(a, b, plain)
-    torch.cuda.synchronize()
-    assert torch.equal(plain, d)
-    monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
-    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
+    _split_same_without("DEEPGEMM_MULTICAST", cfg, a, b, d, monkeypatch)
     assert all(int(ctr.abs().sum()) == 0 for _, ctr in kernels._workspaces.values())
 
 
@@ -650,15 +656,7 @@ def test_split_k_pipe(m, n, k, blocks, s, mcast, monkeypatch):
     assert cfg.splitk > 1 and cfg.pipe == 1 and cfg.mcast == (2 if mcast == "1" else 0), cfg
     assert kernels.get_kernel(cfg)[1].pipe == 1  # no spill fallback
     _check(d, r)
-    monkeypatch.setenv("DEEPGEMM_PIPE", "0")
-    monkeypatch.setenv("DEEPGEMM_BLOCKS", f"{cfg.bm}x{cfg.bn}")
-    monkeypatch.setenv("DEEPGEMM_SPLIT_K", str(cfg.splitk))
-    plain = poisoned((m, n), torch.bfloat16, DEV)
-    dg.fp8_gemm_nt(a, b, plain)
-    torch.cuda.synchronize()
-    assert torch.equal(plain, d)
-    monkeypatch.setenv("DEEPGEMM_PIPE", "1")
-    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
+    _split_same_without("DEEPGEMM_PIPE", cfg, a, b, d, monkeypatch)
 
 
 def test_split_k_workspace_first_made_in_capture(monkeypatch):

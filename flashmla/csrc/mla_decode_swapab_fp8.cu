@@ -99,24 +99,19 @@ constexpr int BAR_SMAX = 1, BAR_PT = 2, BAR_SL = 3, BAR_Q = 4;
 
 // D[64x16] += A[64x16] B[16x16], bf16 (F16: f16) in, fp32 accumulate, A and B from shared memory
 // (descriptors), B K-major; TA: A MN-major (transposed), else K-major.
+#define SAB_WGMMA_M64N16K16(T)                                                                      \
+  asm volatile(                                                                                     \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                                \
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " "                                     \
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"                             \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+      : "l"(da), "l"(db), "r"(1), "n"(TA))
 template <int TA, bool F16 = false>
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
-  if constexpr (F16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(da), "l"(db), "r"(1), "n"(TA));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(da), "l"(db), "r"(1), "n"(TA));
-  }
+  if constexpr (F16) SAB_WGMMA_M64N16K16("f16");
+  else SAB_WGMMA_M64N16K16("bf16");
 }
+#undef SAB_WGMMA_M64N16K16
 // D[64x32] += A[64x16] B[16x32]: the same for 32 rows (16 fp32 per thread; bf16 only)
 template <int TA, bool F16 = false>
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[16], uint64_t da, uint64_t db) {
