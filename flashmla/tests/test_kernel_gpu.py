@@ -474,8 +474,14 @@ def test_fp8_swapab_tc_large_q_and_graphs(monkeypatch):
     q[2, 0, 5, 100] = -2e9
     k8 = flashmla.quantize_kvcache(kc * 1e-5)
     poison_fp8_tails(k8, bt, sl)
+    check(*run(q, k8, bt, sl, fp8=True), *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32),
+                                                                   bt, sl, 512))
+    # the graph: uniform lengths (no poisoned slot below the cap), new lengths at each replay
+    q, kc, bt, sl = make_inputs(6, [4097] * 6, 16, 1, device=DEV, seed=29)
+    q[1, 0, 2] *= 1e-4
+    q[1, 0, 2, 9] = 3e5
+    k8 = flashmla.quantize_kvcache(kc * 1e-5)
     exact = flashmla.dequantize_kvcache(k8, torch.float32)
-    check(*run(q, k8, bt, sl, fp8=True), *flashmla.mla_decode_ref(q, exact, bt, sl, 512))
     static_sl = sl.clone()
 
     def step():
