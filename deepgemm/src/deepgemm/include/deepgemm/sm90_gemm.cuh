@@ -254,6 +254,7 @@ struct SmemPlan {
 // PIPE = 1 (FP8, no KSPLIT): two K blocks in flight per consumer warpgroup (block kb + 1's WGMMAs run
 // while block kb is promoted), in unrolled chunks of 4 (a run-time loop around them makes ptxas serialise
 // the WGMMAs, warning C7518). Three BN/2 register tiles: where ptxas spills, the JIT falls back to PIPE = 0.
+// With SPLITK (KSPLIT allowed) the slice's blocks go in pairs instead (see the SPLITK mainloop).
 // KSPLIT = 1 (FP8, BM = 64): two consumer warpgroups share each 64-row tile, taking alternate K
 // blocks; warpgroup 1 hands its partial sums to warpgroup 0 through shared memory at the end.
 // STAGES must then be even (the host guarantees it): each warpgroup waits only on the full barriers
