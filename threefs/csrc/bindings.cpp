@@ -31,14 +31,16 @@ py::dict meta_dict(const ChunkMeta& m) {
   return d;
 }
 
+// A contiguous buffer argument (writable: requested for writing, into)
 struct Buf {
-  const char* ptr;
+  char* ptr;
   size_t len;
   py::buffer_info info;
-  explicit Buf(const py::buffer& b) : info(b.request()) {
+  explicit Buf(const py::buffer& b, bool writable = false) : info(b.request(writable)) {
     if (info.ndim > 1 && !(info.strides.size() && info.strides.back() == info.itemsize))
-      throw py::type_error("data must be a contiguous bytes-like object");
-    ptr = static_cast<const char*>(info.ptr);
+      throw py::type_error(writable ? "into must be a contiguous writable buffer"
+                                    : "data must be a contiguous bytes-like object");
+    ptr = static_cast<char*>(info.ptr);
     len = static_cast<size_t>(info.size * info.itemsize);
   }
 };
@@ -116,11 +118,9 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "read_verify",
       [](int fd, py::buffer into, uint64_t offset, uint32_t crc, py::bytes blocks) {
-        py::buffer_info info = into.request(true);
-        if (info.ndim > 1 && !(info.strides.size() && info.strides.back() == info.itemsize))
-          throw py::type_error("into must be a contiguous writable buffer");
-        char* dst = static_cast<char*>(info.ptr);
-        size_t n = static_cast<size_t>(info.size * info.itemsize);
+        Buf b(into, true);
+        char* dst = b.ptr;
+        const size_t n = b.len;
         std::string t = blocks;
         size_t nb = (n + kBlockBytes - 1) / kBlockBytes;
         if (!t.empty() && t.size() != 4 * nb) return py::make_tuple(size_t(0), false);
