@@ -476,16 +476,17 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
     bar_sync(BAR_SMAX, 128);  // also: every warp is past the previous page's P V (P^T is free)
     float ratio[4] = {1.f, 1.f, 1.f, 1.f}, inv_r[4] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (TC) {
+      float pmax[4] = {0.f, 0.f, 0.f, 0.f};  // the page's largest scale per tile, over the 4 warps
 #pragma unroll
       for (int ww = 0; ww < 4; ++ww) {
         const float4 x = *reinterpret_cast<const float4*>(srm + 4 * ww);
         const float xs[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int g = 0; g < 4; ++g) inv_r[g] = fmaxf(inv_r[g], xs[g]);  // (the page's maximum, for now)
+        for (int g = 0; g < 4; ++g) pmax[g] = fmaxf(pmax[g], xs[g]);
       }
 #pragma unroll
       for (int g = 0; g < 4; ++g) {
-        const float rn = fmaxf(rg[g], inv_r[g]);
+        const float rn = fmaxf(rg[g], pmax[g]);
         ratio[g] = rg[g] > 0.f ? rg[g] / rn : 1.f;
         rg[g] = rn;
         inv_r[g] = rn > 0.f ? 1.f / rn : 0.f;
