@@ -17,7 +17,7 @@ float32-dequantised cache (e4m3 x scale rounded to float32: dequantize_kvcache(.
 bf16 hi + lo planes for requests under 1024 keys, as the kernels do); the
 tolerances are the GPU tests' (out 8e-4 abs + 2e-2 rel, cosine > 1 - 1e-5, lse 1e-5 relative). Cases: the
 swap-AB sweep's shapes (batch {1, 7}, 1..4097 keys, <= 32 query rows, causal at s_q > 1) on randn data, plus
-caches whose tiles' magnitudes span 1e-5..3 (wide_range_cache). Not a GPU benchmark.
+caches whose tiles' magnitudes span 1e-5..3 (flashmla.testing.wide_tile_cache). Not a GPU benchmark.
 
     python flashmla/benchmarks/fp8_tc_scale_cpu.py [--json PATH] [--quick]     (a few minutes on one core)
 """
@@ -33,7 +33,7 @@ import torch
 
 from flashmla import ref
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
-from flashmla.testing import make_inputs
+from flashmla.testing import make_inputs, wide_tile_cache
 
 F16_MAX = 65504.0
 
@@ -129,16 +129,6 @@ def compare(o, lse, ro, rl):
     return bad, 1 - cos, err
 
 
-def wide_range_cache(kc, seed):
-    """The cache with each token's four 128-column tiles multiplied by 10^u, u uniform in [-5, 0.5]: tile scales
-    over 5.5 decades (the planes' running reference and f16 subnormals at work), logits still of order 10 (much
-    larger ones make any change of the fp32 summation order visible in the output, whatever the arithmetic)."""
-    g = torch.Generator().manual_seed(seed)
-    mag = torch.pow(10.0, torch.rand(*kc.shape[:-1], 4, generator=g) * 5.5 - 5)
-    nope = kc[..., :512].float().view(*kc.shape[:-1], 4, 128) * mag[..., None]
-    return torch.cat([nope.flatten(-2), kc[..., 512:].float()], -1).bfloat16()
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
@@ -160,7 +150,7 @@ def main():
         causal = s_q > 1
         q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, seed=seed)
         if data == "wide":
-            kc = wide_range_cache(kc, seed)
+            kc = wide_tile_cache(kc, seed)
         k8 = quantize_kvcache(kc)
         refs = {"bf16ref": ref.mla_decode_ref(q, dequantize_kvcache(k8), bt, sl, 512, causal=causal),
                 "fp32": ref.mla_decode_ref(q, dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=causal)}

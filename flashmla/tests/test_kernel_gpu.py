@@ -8,7 +8,7 @@ import torch
 
 import flashmla
 from flashmla import ref
-from flashmla.testing import make_inputs
+from flashmla.testing import make_inputs, wide_tile_cache
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -427,15 +427,6 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
 TC_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (8, 1), (16, 1), (8, 2), (5, 3)]))
 
 
-def wide_tiles(kc, seed):
-    """Each token's four 128-column NoPE tiles scaled by 10^u, u uniform in [-5, 0.5] (scales over 5.5
-    decades: the per-tile running reference of FLASHMLA_SWAPAB_TC and f16 subnormals at work)."""
-    g = torch.Generator(device=kc.device).manual_seed(seed)
-    mag = torch.pow(10.0, torch.rand(*kc.shape[:-1], 4, generator=g, device=kc.device) * 5.5 - 5)
-    nope = kc[..., :512].float().view(*kc.shape[:-1], 4, 128) * mag[..., None]
-    return torch.cat([nope.flatten(-2), kc[..., 512:].float()], -1).to(kc.dtype)
-
-
 @pytest.mark.parametrize("batch,seqlen,hs", TC_SWEEP)
 @pytest.mark.parametrize("data", ["randn", "wide"])
 def test_fp8_swapab_tc_sweep(batch, seqlen, hs, data, monkeypatch):
@@ -452,7 +443,7 @@ def test_fp8_swapab_tc_sweep(batch, seqlen, hs, data, monkeypatch):
     lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
     q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
     if data == "wide":
-        kc = wide_tiles(kc, seed)
+        kc = wide_tile_cache(kc, seed)
     k8 = flashmla.quantize_kvcache(kc)
     poison_fp8_tails(k8, bt, sl)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)

@@ -91,9 +91,9 @@ def test_fp8_tensor_core_scale_study():
 
     from flashmla import ref
     from flashmla.quant import dequantize_kvcache, quantize_kvcache
-    from flashmla.testing import make_inputs
+    from flashmla.testing import make_inputs, wide_tile_cache
     q, kc, bt, sl = make_inputs(3, [130, 65, 0], 16, 2, seed=5)
-    k8 = quantize_kvcache(st.wide_range_cache(kc, 5))
+    k8 = quantize_kvcache(wide_tile_cache(kc, 5))
     fp32 = ref.mla_decode_ref(q, dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=True)
     bf16 = ref.mla_decode_ref(q, dequantize_kvcache(k8), bt, sl, 512, causal=True)
     tc, today = (st.emulate(q, k8, bt, sl, True, mode) for mode in ("tc", "today"))

@@ -35,3 +35,14 @@ def make_inputs(batch: int, seqlens, h_q: int, s_q: int = 1, h_kv: int = 1, d: i
         page_dead[block_table.long().flatten()] = dead.view(-1, PAGE_SIZE)
         k_cache[page_dead] = float("nan")
     return q, k_cache, block_table, cache_seqlens
+
+
+def wide_tile_cache(k_cache: torch.Tensor, seed: int) -> torch.Tensor:
+    """k_cache [..., 576] with each token's four 128-column NoPE tiles multiplied by 10^u, u uniform in
+    [-5, 0.5]: FP8 tile scales over 5.5 decades (f16 subnormals and a per-tile running reference at work),
+    logits still of order 10 (much larger ones make any change of the fp32 summation order visible in the
+    output, whatever the arithmetic). Same dtype and device; drawn on k_cache's device."""
+    g = torch.Generator(device=k_cache.device).manual_seed(seed)
+    mag = torch.pow(10.0, torch.rand(*k_cache.shape[:-1], 4, generator=g, device=k_cache.device) * 5.5 - 5)
+    nope = k_cache[..., :512].float().view(*k_cache.shape[:-1], 4, 128) * mag[..., None]
+    return torch.cat([nope.flatten(-2), k_cache[..., 512:].float()], -1).to(k_cache.dtype)
