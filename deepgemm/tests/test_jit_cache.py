@@ -174,7 +174,8 @@ def test_small_m_switches(monkeypatch):
     assert kernels.make_config("contiguous", True, d, None, 7168, 2048, 1, 1).swap == 0
     assert kernels.make_config("dense", False, d, None, 7168, 2048, 1, 1).swap == 0  # BF16
     monkeypatch.setenv("DEEPGEMM_SWAP_AB", "0")
-    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).pipe == 0  # off by default
+    monkeypatch.setenv("DEEPGEMM_PIPE", "0")
+    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).pipe == 0
     monkeypatch.setenv("DEEPGEMM_PIPE", "1")
     monkeypatch.setenv("DEEPGEMM_KSPLIT", "0")  # the pipelined path is the one without the K split
     p = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
@@ -185,6 +186,15 @@ def test_small_m_switches(monkeypatch):
     monkeypatch.setenv("DEEPGEMM_PIPE", "2")
     with pytest.raises(ValueError, match="DEEPGEMM_PIPE"):
         kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    # auto (the default): FP8 dense at 16 < M <= 128 (split-K or the plain kernel without the K split)
+    monkeypatch.delenv("DEEPGEMM_PIPE")
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", "0")
+    assert kernels.PIPE_DEFAULT == "auto"
+    assert kernels.make_config("dense", True, d, None, 24576, 1536, 128, 1).pipe == 1
+    assert kernels.make_config("dense", True, d, None, 7168, 16384, 128, 1).pipe == 1  # split-K
+    for m in (1, 16, 129, 4096):
+        assert kernels.make_config("dense", True, d, None, 7168, 2048, m, 1).pipe == 0, m
+    assert kernels.make_config("masked", True, d, None, 7168, 2048, 64, 4).pipe == 0
 
 
 def test_block_choice_and_smem():

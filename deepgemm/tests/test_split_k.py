@@ -16,7 +16,7 @@ NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7
 
 
 def _cfg(n, k, m, env="auto", out=torch.bfloat16, ct=None, kind="dense", fp8=True, blocks="", num_sms=132, mcast="0",
-         pipe="0"):
+         pipe=kernels.PIPE_DEFAULT):
     return kernels._make_config(kind, fp8, out, ct, n, k, m, 1, num_sms, "staged", "1", blocks_env=blocks,
                                 split_k_env=env, mcast_env=mcast, pipe_env=pipe)
 
@@ -97,7 +97,7 @@ def test_model_fits_run9():
 def test_source():
     """Split kernels take the workspace and the counters as two extra arguments and SPLITK as gemm_body's last
     template argument; the default kernels' source has neither (and its first line no splitk field)."""
-    on, off = _cfg(2112, 7168, 64, env="4"), _cfg(2112, 7168, 64, env="0")
+    on, off = _cfg(2112, 7168, 64, env="4", pipe="0"), _cfg(2112, 7168, 64, env="0", pipe="0")
     src, src0 = kernels.kernel_source(on), kernels.kernel_source(off)
     assert "float* ws, int* tile_ctr) {" in src and ", nullptr, ws, tile_ctr);" in src
     assert re.search(r"gemm_body<0, true, 0, 0, 2112, 7168, 64, \d+, \d+, 0, 1, 0, 0, 0, 0, 4>\(", src)

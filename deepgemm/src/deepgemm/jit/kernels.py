@@ -31,10 +31,11 @@ SMALL_M = 128
 # DEEPGEMM_SWAP_AB=0|1|2 overrides (2: two K blocks in flight). Off by default: compile-checked, not measured.
 SWAP_AB_DEFAULT = "0"
 SWAP_MAX_M = 16
-# FP8 without the K split, and split-K: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1
-# overrides. Off by default: within noise at M = 4096 (run 4); +2 % geo-mean at M = 64 / 128 under split-K
-# (BENCHMARKS.md run 13c), not yet run over the whole GPU suite.
-PIPE_DEFAULT = "0"
+# FP8 without the K split, and split-K: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1|auto.
+# auto (default): on for FP8 dense GEMMs with 16 < M <= SMALL_M (+2 % geo-mean at M = 64 / 128, up to +8 %,
+# BENCHMARKS.md run 13c), off elsewhere (within noise at M = 4096, run 4; mixed at M = 1).
+PIPE_DEFAULT = "auto"
+PIPE_AUTO_MIN_M = 17
 # 2-CTA clusters sharing one operand through TMA multicast: dense BM = 128 tiles in pairs along M share
 # B (mcast 1); otherwise dense/masked tiles in pairs along N share A (mcast 2: small M, where every CTA
 # re-reads the same A rows); DEEPGEMM_MULTICAST=0|1 overrides. Off by default: the first H200 run was ~2x slower
@@ -338,8 +339,9 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         raise ValueError(f"DEEPGEMM_MULTICAST: expected 0 or 1, got {mcast_env!r}")
     split_mc = mcast_env == "1" and num_sms >= 2
     split = choose_split_k(m_hint, n, k, num_sms, split_k_env, split_mc) if fp8 and kind == "dense" else None
-    if pipe_env not in ("0", "1"):
-        raise ValueError(f"DEEPGEMM_PIPE: expected 0 or 1, got {pipe_env!r}")
+    if pipe_env not in ("0", "1", "auto"):
+        raise ValueError(f"DEEPGEMM_PIPE: expected 0, 1 or auto, got {pipe_env!r}")
+    pipe_on = pipe_env == "1" or (pipe_env == "auto" and kind == "dense" and PIPE_AUTO_MIN_M <= m_hint <= SMALL_M)
     if split is not None:  # FP8 dense, M <= 128: cross-CTA split-K, direct epilogue, no TMA store
         bm, bn, s = split
         if blocks_env:
@@ -352,7 +354,7 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         mcast = 2 if split_mc and ceil_div(n, bn) % 2 == 0 else 0
         # PIPE: each consumer warpgroup's K blocks in pairs, two in flight
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, 0, ksplit,
-                      pipe=int(pipe_env == "1"), mcast=mcast, min_sms=min_sms, splitk=s)
+                      pipe=int(pipe_on), mcast=mcast, min_sms=min_sms, splitk=s)
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0")
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
@@ -367,7 +369,7 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     wide = fp8 and bn > 128  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
     rs = int(wide and bn256_env == "2")
-    pipe = int(fp8 and not ksplit and not wide and pipe_env == "1")
+    pipe = int(fp8 and not ksplit and not wide and pipe_on)
     # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
     # an even count of those, and a grid of >= 2 CTAs
     mcast = 0
