@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call that validates and measures flashmla's defaults on a CUDA machine (H200):
-#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab|tc]   (from the repository root; ~570 s)
+#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab]   (from the repository root; ~570 s)
 # default mode:
 #   1. builds flashmla with CUDA;
 #   2. smoke tests under a 60 s bound each, so that a hang or a crash drops only that kernel from the
@@ -15,9 +15,6 @@
 #   auto+FLASHMLA_SPLIT_OVH=5 is the same code again: the noise floor), after the scheduler's GPU tests:
 #   bench_ab (BF16, memory-bound shapes, uniform and ragged; AB_SHAPES overrides) and bench_ab_fp8
 #   (FP8 cache at h_q 16/32, where 16384 keys schedule differently under 3/5/8), 3 rounds each.
-# tc mode: FLASHMLA_SWAPAB_TC=1 (scales on the tensor-core side, <= 16 rows): its smoke test under 60 s,
-#   the swap-AB GPU tests (the TC ones against the float32-dequantised reference), then bench_tc: the FP8
-#   cache at h_q 8/16 under auto (today) and swapab+FLASHMLA_SWAPAB_TC=1 beside the BF16 cache, 3 rounds.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -65,13 +62,6 @@ t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-if [ "${2:-}" = tc ]; then
-  smoke smoke_tc "test_fp8_swapab_tc_sweep and 7-65 and randn" || exit 1
-  gpu_tests 150 -k "swapab"
-  bench bench_tc "$(cap 200)" --no-peers --rounds 3 --fp8 --fp8-only --kernels auto --fp8-heads 8,16 \
-    --fp8-kernels "auto,swapab+FLASHMLA_SWAPAB_TC=1"
-  exit 0
-fi
 if [ "${2:-}" = ab ]; then
   # the scheduler's GPU tests (metadata kernel = ref.schedule_ref under several c; decodes under 0/5/64)
   gpu_tests 120 -k "metadata_matches_reference or split_overhead"

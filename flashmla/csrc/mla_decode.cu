@@ -529,11 +529,6 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
   a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
   if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
-  // FLASHMLA_SWAPAB_TC=1 (opt-in): the swap-AB FP8 kernel at <= 16 rows keeps the tile scales out of its
-  // dequantised tiles and applies them on the tensor-core side (mla_decode_swapab_fp8.cu)
-  const char* tc = getenv("FLASHMLA_SWAPAB_TC");
-  a.swapab_tc = tc && tc[0] ? atoi(tc) : 0;
-  if (a.swapab_tc != 0 && a.swapab_tc != 1) return "FLASHMLA_SWAPAB_TC must be 0 or 1";
   // FLASHMLA_SWAPAB_MAX_ROWS: 16 (opt-out) sends 17..32 FP8 rows back to the mma.sync path (launch.h)
   const int sab_rows = swapab_max_rows();
   if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";

@@ -9,9 +9,6 @@
 // for all 4 chunks; setmaxnreg: WG2 to 40 registers, the consumer WG1 to 240 for its 128 O^T
 // accumulators, the dequantiser keeps 168), a 36 KiB Q tile, 4 + 4 KiB P^T, sMax / sL [2][4][32],
 // and a raw ring of 3 chunk slots instead of 4 (227,456 bytes of shared memory in all).
-// FLASHMLA_SWAPAB_TC=1 (NR = 16, template TC): the dequantisers write the NoPE values unscaled as f16 and
-// each token's 4 scales to a per-stage array; the consumer applies them (sab_request), with 4 f16 P^T
-// planes instead of hi + lo, 220,480 bytes of shared memory.
 //
 // One CTA = one scheduler part, 512 threads (NR = 16; 128 registers each at launch):
 //   WG2: warp 8 lane 0 is the producer; the warpgroup drops to 40 registers, the consumer takes them.
@@ -57,10 +54,9 @@ constexpr int SAB_TOKEN = 656, SAB_PAGE = PAGE * SAB_TOKEN;   // FP8 bytes per t
 constexpr int CH_TOK = 16, CH_BYTES = CH_TOK * SAB_TOKEN;       // a raw chunk: 16 tokens, 10,496 B
 // Layout of the instantiation for NR query rows (16 or 32: the wgmma N of S^T and O^T). NR = 32
 // doubles the Q tile and P^T planes, so its raw ring has 3 chunk slots instead of 4 to fit.
-template <int NR, bool TC = false>
+template <int NR>
 struct SabLayout {
   static_assert(NR == 16 || NR == 32, "swap-AB rows: 16 or 32");
-  static_assert(!TC || NR == 16, "scales on the tensor-core side: the 16-row instantiation");
   static constexpr int NDQ = NR == 16 ? 2 : 1;                    // dequantiser warpgroups
   // raw ring: chunk slots. With two dequantisers the depth is even, so that each slot belongs to one of
   // them: a warpgroup that skipped the other's phases of a slot could pass its parity wait on a phase
@@ -71,20 +67,15 @@ struct SabLayout {
   static constexpr int THREADS = 128 * (2 + NDQ);
   static constexpr int QSLAB = NR * 128;                          // Q slab: NR rows x 64 bf16
   static constexpr int OFF_Q = 2 * TILE, OFF_RAW = OFF_Q + NSLAB * QSLAB;
-  // P^T: hi + lo planes, or TC: one f16 plane per 128-column scale tile; TC: the tiles' scales of each stage
-  static constexpr int OFF_P = (OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, P_BYTES = (TC ? 4 : 2) * QSLAB;
-  static constexpr int OFF_SC = OFF_P + P_BYTES, SC_BYTES = TC ? 2 * PAGE * 16 : 0;
-  static constexpr int OFF_MISC = OFF_SC + SC_BYTES;
+  static constexpr int OFF_P = (OFF_RAW + NCH * CH_BYTES + 1023) & ~1023, OFF_MISC = OFF_P + 2 * QSLAB;
   static constexpr int NBAR = 2 * NCH + 6;  // raw_full[NCH], raw_empty[NCH], full[2], empty[2], q_full, q_empty
-  // mbarriers | sMax, sL [2][4][NR] | TC: sQe [NR] (Q rows' largest |value|, bf16 bits), sRmax [2][4][4]
-  static constexpr int MISC = 128 + 2 * 2 * 4 * NR * 4 + (TC ? NR * 4 + 2 * 4 * 4 * 4 : 0);
+  static constexpr int MISC = 128 + 2 * 2 * 4 * NR * 4;
   static constexpr int SMEM = OFF_MISC + MISC + 1024;
   static_assert(NBAR * 8 <= 128, "mbarriers overflow their 128 bytes");
   static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
   static_assert(CH_BYTES % 16 == 0 && OFF_RAW % 16 == 0, "bulk copies need 16-byte sizes and addresses");
 };
-static_assert(SabLayout<16>::SMEM == 214144 && SabLayout<32>::SMEM == 227456 && SabLayout<16, true>::SMEM == 220480,
-              "layout as documented");
+static_assert(SabLayout<16>::SMEM == 214144 && SabLayout<32>::SMEM == 227456, "layout as documented");
 // setmaxnreg: WG2 (producer) gives registers back, WG1 (consumer) takes them, the dequantisers keep
 // the launch count (NR = 16: 512 threads, 128 each; NR = 32: 384 threads, 168 each)
 constexpr int SAB_PRODUCER_REGS = 40;
@@ -95,25 +86,21 @@ struct SabRegs {
   static_assert(LAUNCH - SAB_PRODUCER_REGS >= CONSUMER - LAUNCH, "setmaxnreg pool overdrawn");
 };
 // named barriers of the consumer warpgroup (0 is __syncthreads)
-constexpr int BAR_SMAX = 1, BAR_PT = 2, BAR_SL = 3, BAR_Q = 4;
+constexpr int BAR_SMAX = 1, BAR_PT = 2, BAR_SL = 3;
 
-// D[64x16] += A[64x16] B[16x16], bf16 (F16: f16) in, fp32 accumulate, A and B from shared memory
-// (descriptors), B K-major; TA: A MN-major (transposed), else K-major.
-#define SAB_WGMMA_M64N16K16(T)                                                                      \
-  asm volatile(                                                                                     \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                                \
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " "                                     \
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"                             \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-      : "l"(da), "l"(db), "r"(1), "n"(TA))
-template <int TA, bool F16 = false>
+// D[64x16] += A[64x16] B[16x16], bf16 in, fp32 accumulate, A and B from shared memory (descriptors),
+// B K-major; TA: A MN-major (transposed), else K-major.
+template <int TA>
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db) {
-  if constexpr (F16) SAB_WGMMA_M64N16K16("f16");
-  else SAB_WGMMA_M64N16K16("bf16");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(1), "n"(TA));
 }
-#undef SAB_WGMMA_M64N16K16
-// D[64x32] += A[64x16] B[16x32]: the same for 32 rows (16 fp32 per thread; bf16 only)
-template <int TA, bool F16 = false>
+// D[64x32] += A[64x16] B[16x32]: the same for 32 rows (16 fp32 per thread)
+template <int TA>
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[16], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
@@ -145,27 +132,16 @@ __device__ __forceinline__ uint32_t dq2s(uint32_t two, float sc) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack_bf16(f.x * sc, f.y * sc);
 }
-// two e4m3 (16 bits) -> their two f16 values, unscaled (exact)
-__device__ __forceinline__ uint32_t dq2h(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ uint16_t f16_bits(float x) {
-  const __half h = __float2half_rn(x);
-  return *reinterpret_cast<const uint16_t*>(&h);
-}
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
   return *reinterpret_cast<const uint16_t*>(&h);
 }
 
-template <int NR, bool TC = false>
+template <int NR>
 struct SabCta {
-  static constexpr int NCH = SabLayout<NR, TC>::NCH;
-  uint32_t uK, uQ, uRaw, uP, uSc, uBar;
+  static constexpr int NCH = SabLayout<NR>::NCH;
+  uint32_t uK, uQ, uRaw, uP, uBar;
   float *sMax, *sL;  // [2][4 warps][NR rows] each
-  int* sQe;          // TC: [NR] largest |Q NoPE value| per row (bf16 bits)
-  float* sRmax;      // TC: [2][4 warps][4 tiles] largest scale of the page per tile
   int m, b0, k0, b1, k1, first, last;
   __device__ uint32_t raw_full(int c) const { return uBar + 8 * c; }
   __device__ uint32_t raw_empty(int c) const { return uBar + 8 * (NCH + c); }
@@ -176,8 +152,8 @@ struct SabCta {
 };
 
 // ---------------------------------------------------------------- producer (one thread)
-template <int NR, bool TC>
-__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<NR, TC>& c, const CUtensorMap* tmQ) {
+template <int NR>
+__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<NR>& c, const CUtensorMap* tmQ) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
   const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
   int slot = 0, phase = 0, qn = 0;
@@ -196,14 +172,14 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
         mbar_wait(c.raw_empty(slot), phase ^ 1);
         mbar_expect_tx(c.raw_full(slot), CH_BYTES);
         bulk_copy(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot));
-        if (++slot == SabLayout<NR, TC>::NCH) slot = 0, phase ^= 1;
+        if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
       }
       // Q after the first page's chunks: those only wait for the dequantiser to free ring slots, so
       // they are in flight while the consumer still runs S on the previous request's last page
       if (blk == w.kbeg) {
         mbar_wait(c.q_empty(), (qn & 1) ^ 1);  // the consumer is done with the previous request's Q
-        mbar_expect_tx(c.q_full(), NSLAB * SabLayout<NR, TC>::QSLAB);
-        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * SabLayout<NR, TC>::QSLAB, tmQ, j * 64, b * c.m, c.q_full());
+        mbar_expect_tx(c.q_full(), NSLAB * SabLayout<NR>::QSLAB);
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * SabLayout<NR>::QSLAB, tmQ, j * 64, b * c.m, c.q_full());
         ++qn;
       }
     }
@@ -231,11 +207,9 @@ __device__ __forceinline__ uint2 lds64(uint32_t addr) {
 }
 // Dequantiser dq (of NDQ) takes chunks dq, dq + NDQ, ... of every page; chunk q of the CTA's page it is
 // the producer's (4 it + q)-th, hence its ring slot and phase.
-// TC: the NoPE values go in unscaled as f16 (one conversion per two values) and each token's four scales
-// to the stage's scale array (zeros past the request's length), for the consumer to apply.
-template <int NR, bool TC>
-__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR, TC>& c, int t, int dq) {
-  constexpr int NDQ = SabLayout<NR, TC>::NDQ, NCH = SabLayout<NR, TC>::NCH, QN = PAGE / CH_TOK / NDQ;
+template <int NR>
+__device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR>& c, int t, int dq) {
+  constexpr int NDQ = SabLayout<NR>::NDQ, NCH = SabLayout<NR>::NCH, QN = PAGE / CH_TOK / NDQ;
   const int w4 = t >> 5, l = t & 31;
   const int c0 = 8 * (l & 15) + 256 * (l >> 4);  // this lane's first column (the second half: c0 + 128)
   const int rtk = t >> 3, ru = t & 7;       // RoPE token and unit
@@ -247,7 +221,7 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
       const uint32_t tok = src + (w4 + 4 * i) * SAB_TOKEN;
       r.lo[i] = lds64(tok + c0);
       r.hi[i] = lds64(tok + c0 + 128);
-      if constexpr (!TC) r.sc[i] = lds64(tok + D_V + 4 * (c0 >> 7));
+      r.sc[i] = lds64(tok + D_V + 4 * (c0 >> 7));
     }
   };
   auto wait_load = [&](SabRaw& r, int q) {  // waits for chunk q of page it, loads it; returns its slot
@@ -273,29 +247,18 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
         for (int i = 0; i < 4; ++i) {
           const int row = q * CH_TOK + w4 + 4 * i;
           uint2 f = cur.lo[i], g = cur.hi[i];
+          float sf = __uint_as_float(cur.sc[i].x), sg = __uint_as_float(cur.sc[i].y);
+          if (row >= valid) f = g = make_uint2(0, 0), sf = sg = 0.f;  // NaN x 0 would stay NaN
           const uint32_t at = st + (c0 >> 6) * SLAB + row * 128 + (((l & 7) ^ (row & 7)) << 4);
-          if constexpr (TC) {
-            if (row >= valid) f = g = make_uint2(0, 0);
-            sts128(at, dq2h(f.x & 0xffffu), dq2h(f.x >> 16), dq2h(f.y & 0xffffu), dq2h(f.y >> 16));
-            sts128(at + 2 * SLAB, dq2h(g.x & 0xffffu), dq2h(g.x >> 16), dq2h(g.y & 0xffffu), dq2h(g.y >> 16));
-          } else {
-            float sf = __uint_as_float(cur.sc[i].x), sg = __uint_as_float(cur.sc[i].y);
-            if (row >= valid) f = g = make_uint2(0, 0), sf = sg = 0.f;  // NaN x 0 would stay NaN
-            sts128(at, dq2s(f.x & 0xffffu, sf), dq2s(f.x >> 16, sf), dq2s(f.y & 0xffffu, sf), dq2s(f.y >> 16, sf));
-            sts128(at + 2 * SLAB, dq2s(g.x & 0xffffu, sg), dq2s(g.x >> 16, sg), dq2s(g.y & 0xffffu, sg),
-                   dq2s(g.y >> 16, sg));
-          }
+          sts128(at, dq2s(f.x & 0xffffu, sf), dq2s(f.x >> 16, sf), dq2s(f.y & 0xffffu, sf), dq2s(f.y >> 16, sf));
+          sts128(at + 2 * SLAB, dq2s(g.x & 0xffffu, sg), dq2s(g.x >> 16, sg), dq2s(g.y & 0xffffu, sg),
+                 dq2s(g.y >> 16, sg));
         }
         {
           const int row = q * CH_TOK + rtk;
           uint4 rope = lds128(c.uRaw + cur_slot * CH_BYTES + rtk * SAB_TOKEN + D_V + 16 + ru * 16);
           if (row >= valid) rope = make_uint4(0, 0, 0, 0);
           sts128(st + 8 * SLAB + row * 128 + ((ru ^ (row & 7)) << 4), rope.x, rope.y, rope.z, rope.w);
-          if (TC && ru == 0) {  // the token's 4 scales (NaN past the length: zeros instead)
-            uint4 sc = lds128(c.uRaw + cur_slot * CH_BYTES + rtk * SAB_TOKEN + D_V);
-            if (row >= valid) sc = make_uint4(0, 0, 0, 0);
-            sts128(c.uSc + s * PAGE * 16 + row * 16, sc.x, sc.y, sc.z, sc.w);
-          }
         }
         // our reads of the slot are done (their values are stored). Arriving right after the loads instead
         // raced with the producer's next TMA write on the H200 (BENCHMARKS.md, session 16) unless a
@@ -313,17 +276,10 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
 // Accumulator fragment of m64nNR (NR / 2 per thread, index j*4 + h*2 + e, j < NR / 8): M row
 // w*16 + gq + 8h, N column 8j + 2cq + e. S^T: M = key of the page, N = query row. O^T: M = value
 // column (+ 64 per m-tile). Each thread holds KC = NR / 4 query-row columns k = 2j + e.
-// TC (scales on the tensor-core side, NR = 16; CPU study: benchmarks/fp8_tc_scale_cpu.py): Q's NoPE part is
-// converted in place to f16 once per request (a row whose largest |value| reaches 2^16 is scaled by a power
-// of two, qf[k] undoes it); S^T = sum over the 4 scale tiles g of s[key, g] (K_g Q_g^T) (one fp32 accumulator
-// per tile, a row scale per key) + the bf16 RoPE product; P^T goes to 4 f16 planes P s[key, g] / R[g], R[g]
-// the largest scale of tile g so far in the request (O^T's m-tiles 2g, 2g + 1 are rescaled by R_old / R_new
-// with alpha, and multiplied by R[g] in the epilogue), so the planes stay in [0, 1]; V^T is f16 too.
-template <int NR, bool LO, bool TC>
-__device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR, TC>& c, const Work& w, int b,
-                                            int t, int& it, int& qn, int& pg, int& rq) {
-  constexpr int QSLAB = SabLayout<NR, TC>::QSLAB, NF = NR / 2, KC = NR / 4;
-  static_assert(!(TC && LO), "TC: one f16 plane per tile (no hi + lo)");
+template <int NR, bool LO>
+__device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR>& c, const Work& w, int b, int t,
+                                            int& it, int& qn, int& pg, int& rq) {
+  constexpr int QSLAB = SabLayout<NR>::QSLAB, NF = NR / 2, KC = NR / 4;
   const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
   const float scale_log2 = a.softmax_scale * LOG2E;
   float o[8][NF];
@@ -342,46 +298,6 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
   const bool has_pages = w.kbeg < w.kend;
   if (has_pages) mbar_wait(c.q_full(), qn & 1);
   qn += has_pages;
-  float qf[KC], rg[4] = {0.f, 0.f, 0.f, 0.f};  // TC: Q row factors, running largest scale per tile
-  if constexpr (TC) {
-    if (has_pages) {
-      // Q NoPE (slabs 0..7: NR rows x 128 B each) -> f16 in place; 16-byte units u = t + 128 j
-      constexpr int UNITS = 8 * NR * 8;
-      if (t < NR) c.sQe[t] = 0;
-      bar_sync(BAR_Q, 128);
-#pragma unroll
-      for (int j = 0; j < UNITS / 128; ++j) {
-        const int u = t + 128 * j, row = (u % (NR * 8)) / 8;
-        const uint4 v = lds128(c.uQ + (u / (NR * 8)) * QSLAB + (u % (NR * 8)) * 16);
-        const uint32_t mx2 = __vmaxu2(__vmaxu2(v.x & 0x7fff7fffu, v.y & 0x7fff7fffu), __vmaxu2(v.z & 0x7fff7fffu, v.w & 0x7fff7fffu));
-        atomicMax(&c.sQe[row], (int)max(mx2 & 0xffffu, mx2 >> 16));
-      }
-      bar_sync(BAR_Q, 128);
-#pragma unroll
-      for (int j = 0; j < UNITS / 128; ++j) {
-        const int u = t + 128 * j, row = (u % (NR * 8)) / 8;
-        const uint32_t addr = c.uQ + (u / (NR * 8)) * QSLAB + (u % (NR * 8)) * 16;
-        const uint4 v = lds128(addr);
-        // |x| >= 2^16 (bf16 exponent field >= 143) would overflow f16: scale the row by 2^-(e - 142)
-        const float down = __int_as_float((127 - max(0, ((c.sQe[row] >> 7) & 0xff) - 142)) << 23);
-        uint32_t h[4];
-        const uint32_t in[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x0 = __uint_as_float(in[e] << 16) * down, x1 = __uint_as_float(in[e] & 0xffff0000u) * down;
-          h[e] = (uint32_t)f16_bits(x0) | ((uint32_t)f16_bits(x1) << 16);
-        }
-        sts128(addr, h[0], h[1], h[2], h[3]);
-      }
-      fence_async_smem();  // generic-proxy stores -> visible to wgmma
-      bar_sync(BAR_Q, 128);
-#pragma unroll
-      for (int k = 0; k < KC; ++k) {
-        const int n = 8 * (k >> 1) + 2 * cq + (k & 1);
-        qf[k] = __int_as_float((127 + max(0, ((c.sQe[n] >> 7) & 0xff) - 142)) << 23);
-      }
-    }
-  }
   for (int blk = w.kbeg; blk < w.kend; ++blk, ++it, ++pg) {
     const int s = it & 1;
     const uint32_t uKs = c.uK + s * TILE;
@@ -390,52 +306,16 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
     float sacc[NF];
 #pragma unroll
     for (int i = 0; i < NF; ++i) sacc[i] = 0.f;
+    fence_regs(sacc);
+    wgmma_fence();
     const uint64_t dk = desc_kmajor(uKs), dq = desc_kmajor(c.uQ);
-    auto koff = [](int kk) { return (uint64_t)(((kk >> 2) * SLAB + (kk & 3) * 32) >> 4); };
-    auto qoff = [](int kk) { return (uint64_t)(((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4); };
-    float sc[2][4];  // TC: the scales of this thread's two keys (rows w4*16 + gq + 8h)
-    if constexpr (TC) {
-      float gacc[4][NF];
 #pragma unroll
-      for (int g = 0; g < 4; ++g)
-#pragma unroll
-        for (int i = 0; i < NF; ++i) gacc[g][i] = 0.f;
-#pragma unroll
-      for (int g = 0; g < 4; ++g) fence_regs(gacc[g]);
-      fence_regs(sacc);
-      wgmma_fence();
-#pragma unroll
-      for (int g = 0; g < 4; ++g)
-#pragma unroll
-        for (int kk = 8 * g; kk < 8 * g + 8; ++kk) wgmma_m64n16k16<0, true>(gacc[g], dk + koff(kk), dq + qoff(kk));
-#pragma unroll
-      for (int kk = 32; kk < D_QK / 16; ++kk) wgmma_m64n16k16<0>(sacc, dk + koff(kk), dq + qoff(kk));  // RoPE, bf16
-      wgmma_commit();
-      wgmma_wait0();
-#pragma unroll
-      for (int g = 0; g < 4; ++g) fence_regs(gacc[g]);
-      fence_regs(sacc);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 v = lds128(c.uSc + s * PAGE * 16 + (w4 * 16 + gq + 8 * h) * 16);
-        sc[h][0] = __uint_as_float(v.x), sc[h][1] = __uint_as_float(v.y);
-        sc[h][2] = __uint_as_float(v.z), sc[h][3] = __uint_as_float(v.w);
-      }
-#pragma unroll
-      for (int i = 0; i < NF; ++i) {
-        const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
-        const float nope = sc[h][0] * gacc[0][i] + sc[h][1] * gacc[1][i] + sc[h][2] * gacc[2][i] + sc[h][3] * gacc[3][i];
-        sacc[i] += nope * qf[k];
-      }
-    } else {
-      fence_regs(sacc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D_QK / 16; ++kk) wgmma_m64n16k16<0>(sacc, dk + koff(kk), dq + qoff(kk));
-      wgmma_commit();
-      wgmma_wait0();
-      fence_regs(sacc);
-    }
+    for (int kk = 0; kk < D_QK / 16; ++kk)
+      wgmma_m64n16k16<0>(sacc, dk + (((kk >> 2) * SLAB + (kk & 3) * 32) >> 4),
+                         dq + (((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4));
+    wgmma_commit();
+    wgmma_wait0();
+    fence_regs(sacc);
     if (blk == w.kend - 1) mbar_arrive(c.q_empty());
     // ---- mask, scale, column max over the 64 keys
     float mx[KC];
@@ -461,37 +341,7 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
       for (int j = 0; j < NR / 8; ++j)
         *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
     }
-    float* srm = c.sRmax + (pg & 1) * 16;  // TC: the page's largest scale per tile, per warp
-    if constexpr (TC) {
-      float r4[4];
-#pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        r4[g] = fmaxf(sc[0][g], sc[1][g]);
-        r4[g] = fmaxf(r4[g], __shfl_xor_sync(0xffffffffu, r4[g], 4));
-        r4[g] = fmaxf(r4[g], __shfl_xor_sync(0xffffffffu, r4[g], 8));
-        r4[g] = fmaxf(r4[g], __shfl_xor_sync(0xffffffffu, r4[g], 16));
-      }
-      if (lane == 0) *reinterpret_cast<float4*>(srm + 4 * w4) = make_float4(r4[0], r4[1], r4[2], r4[3]);
-    }
     bar_sync(BAR_SMAX, 128);  // also: every warp is past the previous page's P V (P^T is free)
-    float ratio[4] = {1.f, 1.f, 1.f, 1.f}, inv_r[4] = {0.f, 0.f, 0.f, 0.f};
-    if constexpr (TC) {
-      float pmax[4] = {0.f, 0.f, 0.f, 0.f};  // the page's largest scale per tile, over the 4 warps
-#pragma unroll
-      for (int ww = 0; ww < 4; ++ww) {
-        const float4 x = *reinterpret_cast<const float4*>(srm + 4 * ww);
-        const float xs[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-        for (int g = 0; g < 4; ++g) pmax[g] = fmaxf(pmax[g], xs[g]);
-      }
-#pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        const float rn = fmaxf(rg[g], pmax[g]);
-        ratio[g] = rg[g] > 0.f ? rg[g] / rn : 1.f;
-        rg[g] = rn;
-        inv_r[g] = rn > 0.f ? 1.f / rn : 0.f;
-      }
-    }
     float al[KC], muse[KC];
 #pragma unroll
     for (int j = 0; j < NR / 8; ++j) {
@@ -519,14 +369,9 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
       const float p = exp2_ftz(sacc[i] - muse[k]);
       lrow[k] += p;
       const uint32_t off = swz128(n, w4 * 16 + gq + 8 * h);
-      if constexpr (TC) {
-#pragma unroll
-        for (int g = 0; g < 4; ++g) sts16(c.uP + g * QSLAB + off, f16_bits(p * (sc[h][g] * inv_r[g])));
-      } else {
-        const uint16_t hi = bf16_bits(p);
-        sts16(c.uP + off, hi);
-        if (LO) sts16(c.uP + QSLAB + off, bf16_bits(p - __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&hi))));
-      }
+      const uint16_t hi = bf16_bits(p);
+      sts16(c.uP + off, hi);
+      if (LO) sts16(c.uP + QSLAB + off, bf16_bits(p - __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&hi))));
     }
     fence_async_smem();
     bar_sync(BAR_PT, 128);
@@ -534,12 +379,11 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
     bool rescale = al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f;
 #pragma unroll
     for (int k = 4; k < KC; ++k) rescale = rescale || al[k] != 1.f;
-    if constexpr (TC) rescale = rescale || ratio[0] != 1.f || ratio[1] != 1.f || ratio[2] != 1.f || ratio[3] != 1.f;
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-        for (int i = 0; i < NF; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)] * ratio[mt >> 1];
+        for (int i = 0; i < NF; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)];
     }
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
@@ -549,12 +393,8 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
     for (int ks = 0; ks < PAGE / 16; ++ks)
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
-        if constexpr (TC) {  // plane mt / 2: V^T's m-tiles 2g, 2g + 1 are scale tile g
-          wgmma_m64n16k16<1, true>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dph + (((mt >> 1) * QSLAB) >> 4) + ks * 2);
-        } else {
-          wgmma_m64n16k16<1>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dph + ks * 2);
-          if (LO) wgmma_m64n16k16<1>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dpl + ks * 2);
-        }
+        wgmma_m64n16k16<1>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dph + ks * 2);
+        if (LO) wgmma_m64n16k16<1>(o[mt], dv + ((mt * SLAB + ks * 2048) >> 4), dpl + ks * 2);
       }
     wgmma_commit();
     wgmma_wait0();
@@ -589,17 +429,15 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
       __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * c.m + n) * D_V + w4 * 16 + gq;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
-        const float f = TC ? inv * rg[mt >> 1] : inv;
-        orow[mt * 64] = __float2bfloat16_rn(o[mt][idx0] * f);
-        orow[mt * 64 + 8] = __float2bfloat16_rn(o[mt][idx0 + 2] * f);
+        orow[mt * 64] = __float2bfloat16_rn(o[mt][idx0] * inv);
+        orow[mt * 64 + 8] = __float2bfloat16_rn(o[mt][idx0 + 2] * inv);
       }
     } else {
       float* orow = a.oacc + ((int64_t)w.g * c.m + n) * D_V + w4 * 16 + gq;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
-        const float f = TC ? inv * rg[mt >> 1] : inv;
-        orow[mt * 64] = o[mt][idx0] * f;
-        orow[mt * 64 + 8] = o[mt][idx0 + 2] * f;
+        orow[mt * 64] = o[mt][idx0] * inv;
+        orow[mt * 64 + 8] = o[mt][idx0 + 2] * inv;
       }
     }
     if (w4 == 0 && gq == 0) {
@@ -612,20 +450,18 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
   }
 }
 
-template <int NR, bool TC>
-__global__ void __launch_bounds__(SabLayout<NR, TC>::THREADS, 1)
+template <int NR>
+__global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
     mla_decode_swapab_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
-  using L = SabLayout<NR, TC>;
+  using L = SabLayout<NR>;
   constexpr int NCH = L::NCH;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
-  SabCta<NR, TC> c;
-  c.uK = base, c.uQ = base + L::OFF_Q, c.uRaw = base + L::OFF_RAW, c.uP = base + L::OFF_P, c.uSc = base + L::OFF_SC;
+  SabCta<NR> c;
+  c.uK = base, c.uQ = base + L::OFF_Q, c.uRaw = base + L::OFF_RAW, c.uP = base + L::OFF_P;
   c.uBar = base + L::OFF_MISC;
   c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + L::OFF_MISC + 128);
   c.sL = c.sMax + 2 * 4 * NR;
-  c.sQe = reinterpret_cast<int*>(c.sL + 2 * 4 * NR);
-  c.sRmax = reinterpret_cast<float*>(c.sQe + NR);
   c.m = a.s_q * a.h_q;
   const int* meta = a.meta + blockIdx.y * 8;
   c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
@@ -662,13 +498,13 @@ __global__ void __launch_bounds__(SabLayout<NR, TC>::THREADS, 1)
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
-    if (!TC && w.L < a.p_bf16_min_keys) sab_request<NR, !TC, TC>(a, c, w, b, t, it, qn, pg, rq);
-    else sab_request<NR, false, TC>(a, c, w, b, t, it, qn, pg, rq);
+    if (w.L < a.p_bf16_min_keys) sab_request<NR, true>(a, c, w, b, t, it, qn, pg, rq);
+    else sab_request<NR, false>(a, c, w, b, t, it, qn, pg, rq);
   }
 }
 
 // Builds Q's tensor map and launches the NR-row instantiation (-1 without launching: no TMA).
-template <int NR, bool TC = false>
+template <int NR>
 int launch_swapab(const DecodeArgs& a, int m, void* stream) {
   auto fn = encode_tiled();
   if (!fn) return -1;
@@ -682,12 +518,11 @@ int launch_swapab(const DecodeArgs& a, int m, void* stream) {
          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return -1;
-  constexpr int smem = SabLayout<NR, TC>::SMEM;
+  constexpr int smem = SabLayout<NR>::SMEM;
   cudaError_t e =
-      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel<NR, TC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel<NR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  mla_decode_swapab_fp8_kernel<NR, TC><<<dim3(1, a.parts), SabLayout<NR, TC>::THREADS, smem,
-                                         static_cast<cudaStream_t>(stream)>>>(a, tmQ);
+  mla_decode_swapab_fp8_kernel<NR><<<dim3(1, a.parts), SabLayout<NR>::THREADS, smem, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
   return cudaGetLastError();
 }
 
@@ -701,8 +536,7 @@ int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows
   if (!a.is_fp8 || m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != (int64_t)SAB_PAGE ||
       (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
     return -1;
-  if (m <= 16) return a.swapab_tc ? launch_swapab<16, true>(a, m, stream) : launch_swapab<16>(a, m, stream);
-  return launch_swapab<32>(a, m, stream);
+  return m <= 16 ? launch_swapab<16>(a, m, stream) : launch_swapab<32>(a, m, stream);
 }
 
 }  // namespace flashmla

@@ -8,7 +8,7 @@ import torch
 
 import flashmla
 from flashmla import ref
-from flashmla.testing import make_inputs, wide_tile_cache
+from flashmla.testing import make_inputs
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -288,7 +288,7 @@ def test_unknown_kernel_variant_raises(monkeypatch):
     with pytest.raises(RuntimeError, match="FLASHMLA_KERNEL"):
         run(q, kc, bt, sl)
     monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9"), ("FLASHMLA_SWAPAB_TC", "2")]:
+    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9")]:
         monkeypatch.setenv(var, bad)
         with pytest.raises(RuntimeError, match=var):
             run(q, kc, bt, sl)
@@ -422,65 +422,6 @@ def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
     ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
     check(out, lse, ro, rl)
-
-
-TC_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (8, 1), (16, 1), (8, 2), (5, 3)]))
-
-
-@pytest.mark.parametrize("batch,seqlen,hs", TC_SWEEP)
-@pytest.mark.parametrize("data", ["randn", "wide"])
-def test_fp8_swapab_tc_sweep(batch, seqlen, hs, data, monkeypatch):
-    """FLASHMLA_SWAPAB_TC=1 (scales on the tensor-core side, <= 16 rows) against the reference on the float32-
-    dequantised cache (the arithmetic keeps fp8 x scale unrounded: against the bf16-dequantised oracle the
-    difference is that oracle's own rounding; benchmarks/fp8_tc_scale_cpu.py), the BF16 tolerances; ragged
-    lengths incl. 0, NaN bytes past every length, causal when s_q > 1."""
-    need_kernel()
-    h_q, s_q = hs
-    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    monkeypatch.setenv("FLASHMLA_SWAPAB_TC", "1")
-    seed = hash((batch, seqlen, h_q, s_q, data, "tc")) % 10000
-    rng = random.Random(seed)
-    lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
-    q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
-    if data == "wide":
-        kc = wide_tile_cache(kc, seed)
-    k8 = flashmla.quantize_kvcache(kc)
-    poison_fp8_tails(k8, bt, sl)
-    out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
-    check(out, lse, ro, rl)
-
-
-def test_fp8_swapab_tc_large_q_and_graphs(monkeypatch):
-    """FLASHMLA_SWAPAB_TC=1: query rows holding 1e5 and 2e9 (beyond f16: the row goes in scaled by a power of
-    two, undone in S; its other values tiny, so that the logits stay moderate), a long request split over
-    several parts, and a CUDA graph (metadata included) replayed with new lengths."""
-    need_kernel()
-    monkeypatch.setenv("FLASHMLA_SWAPAB_TC", "1")
-    lens = [4097, 0, 64, 1, 2000, 65, 1023, 30000]
-    q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=23)
-    q[0, 0, 3] *= 1e-4
-    q[0, 0, 3, 7] = 1e5
-    q[2, 0, 5] *= 1e-9
-    q[2, 0, 5, 100] = -2e9
-    k8 = flashmla.quantize_kvcache(kc * 1e-5)
-    poison_fp8_tails(k8, bt, sl)
-    check(*run(q, k8, bt, sl, fp8=True), *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32),
-                                                                   bt, sl, 512))
-    # the graph: uniform lengths (no poisoned slot below the cap), new lengths at each replay
-    q, kc, bt, sl = make_inputs(6, [4097] * 6, 16, 1, device=DEV, seed=29)
-    q[1, 0, 2] *= 1e-4
-    q[1, 0, 2, 9] = 3e5
-    k8 = flashmla.quantize_kvcache(kc * 1e-5)
-    exact = flashmla.dequantize_kvcache(k8, torch.float32)
-    static_sl = sl.clone()
-
-    def step():
-        meta, splits = flashmla.get_mla_metadata(static_sl, 16, 1)
-        return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, is_fp8_kvcache=True)
-
-    graph, (g_out, g_lse) = capture(step)
-    check_replays(graph, g_out, g_lse, static_sl, 4097, lambda: flashmla.mla_decode_ref(q, exact, bt, static_sl, 512))
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (32, 1), (16, 2), (11, 3), (8, 4)])

@@ -47,12 +47,11 @@ def test_swapab_fp8_model_passes_and_catches_mutants():
     """CPU model of the swap-AB FP8 kernel (csrc/models/swapab_fp8_model.py): its layouts, fragments
     and reductions (16- and 32-row instantiations) reproduce attention on dequantize_kvcache, its
     mbarrier / named-barrier protocol passes over random schedules (16 rows: two dequantiser warpgroups
-    on a ring of 4 chunk slots; 32 rows: one on a ring of 3), FLASHMLA_SWAPAB_TC's maps (scale array, per-tile
-    S accumulators, f16 planes, running reference) reproduce attention on the float32-dequantised cache, and each
-    deliberately broken offset, count, wait, stride, buffer, ring depth (odd, or 2: a hang) or TC index is caught."""
+    on a ring of 4 chunk slots; 32 rows: one on a ring of 3), and each deliberately broken offset, count,
+    wait, stride, buffer or ring depth (odd, or 2: a hang) is caught."""
     res = _model("swapab_fp8_model.py", "--trials", "100", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 21 mutants caught" in res.stdout
+    assert "all 18 mutants caught" in res.stdout
 
 
 
