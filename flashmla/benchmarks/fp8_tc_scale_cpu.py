@@ -32,7 +32,7 @@ import random
 import torch
 
 from flashmla import ref
-from flashmla.quant import dequantize_kvcache, quantize_kvcache
+from flashmla.quant import dequantize_kvcache, quantize_kvcache, split_kvcache
 from flashmla.testing import make_inputs, wide_tile_cache
 
 F16_MAX = 65504.0
@@ -40,11 +40,8 @@ F16_MAX = 65504.0
 
 def split_cache(k8):
     """uint8 [..., 656] -> e4m3 values (float32, exact) [..., 512], scales [..., 4], RoPE (float32) [..., 64]."""
-    raw = k8.contiguous()
-    e = raw[..., :512].view(torch.float8_e4m3fn).float()
-    s = raw[..., 512:528].view(torch.float32)
-    rope = raw[..., 528:].view(torch.bfloat16).float()
-    return e, s, rope
+    e, s, rope = split_kvcache(k8)
+    return e, s, rope.float()
 
 
 def emulate(q, k8, bt, sl, causal, mode):

@@ -259,3 +259,18 @@ def test_fp8_dequantise_exact_float32():
     assert torch.equal(flashmla.dequantize_kvcache(k8), y.to(torch.bfloat16))
     with pytest.raises(ValueError, match="dtype"):
         flashmla.dequantize_kvcache(k8, dtype=torch.float16)
+
+
+def test_fp8_split_parts():
+    """flashmla.quant.split_kvcache: the e4m3 values, scales and RoPE columns of each token, and a clear error
+    for anything but uint8 [..., 656]."""
+    from flashmla.quant import split_kvcache
+    x = torch.randn(2, 64, 1, 576).to(torch.bfloat16)
+    k8 = flashmla.quantize_kvcache(x)
+    e, s, rope = split_kvcache(k8)
+    assert e.shape == (2, 64, 1, 512) and s.shape == (2, 64, 1, 4) and rope.dtype == torch.bfloat16
+    assert torch.equal(e, k8[..., :512].view(torch.float8_e4m3fn).float())
+    assert torch.equal(s, k8[..., 512:528].contiguous().view(torch.float32))
+    assert torch.equal(rope, x[..., 512:])
+    with pytest.raises(ValueError, match="uint8"):
+        split_kvcache(k8.float())
