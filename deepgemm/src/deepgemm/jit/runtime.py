@@ -39,8 +39,6 @@ def lib():
             cu.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
             cu.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
             cu.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-            cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
-                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
             cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
                                             ctypes.c_void_p]
             cu.cuTensorMapEncodeTiled.argtypes = [
@@ -89,14 +87,10 @@ class Kernel:
         stream's previous kernel (the kernel must wait in griddepcontrol.wait before touching global memory)."""
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
         stream = torch.cuda.current_stream(device).cuda_stream
-        if not pdl:
-            err = lib().cuLaunchKernel(self.func(device), grid, 1, 1, threads, 1, 1, self.smem,
-                                       ctypes.c_void_p(stream), ptrs, None)
-            check(err, f"cuLaunchKernel({self.name})")
-            return
         attr = LaunchAttribute(id=ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
         attr.value[0] = 1
-        cfg = LaunchConfig((grid, 1, 1), (threads, 1, 1), self.smem, ctypes.c_void_p(stream), ctypes.pointer(attr), 1)
+        cfg = LaunchConfig((grid, 1, 1), (threads, 1, 1), self.smem, ctypes.c_void_p(stream), ctypes.pointer(attr),
+                           int(pdl))  # 0 attributes: an ordinary stream-ordered launch
         check(lib().cuLaunchKernelEx(ctypes.byref(cfg), self.func(device), ptrs, None), f"cuLaunchKernelEx({self.name})")
 
 
