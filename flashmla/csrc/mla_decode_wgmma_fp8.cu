@@ -9,17 +9,19 @@
 //       bf16 already, straight into slab 8 of the page stage (tensor map over rows of 328 bf16 =
 //       656 bytes, box at column 264, 128B swizzle), so S reads them like the BF16 kernel does;
 //       plus cp.async.bulk.prefetch.L2 of the raw page PF pages ahead.
-//     thread 0, once the stage is free (empty[s]): TMA of the page's 512 NoPE bytes per token as two
-//       unswizzled boxes of 256 bytes x 64 tokens (16 KiB each, tensor map of uint8 over the same
-//       656-byte rows) into the stage itself, box bx in slabs raw_slab(bx) = 4 + 2 bx, raw_full[s]
-//       completing on its expect_tx + the 32 KiB.
-//     all 128 threads: their 16 scales with ld.global (L2 after the prefetch) while the boxes
-//       arrive, then per 16-byte raw chunk: e4m3 -> f16 (exact) -> f32, times the tile's fp32
-//       scale, rounded once to bf16 (as the default kernel and dequantize_kvcache do), stored
-//       128B-swizzled into slabs 0..7. Box 0 (slabs 4-5) becomes slabs 0-3 straight away; box 1
-//       (slabs 6-7) becomes slabs 4-7, over both boxes' raw bytes, so every thread first reads all
-//       its box-1 chunks into registers and the warpgroup syncs (named barrier BAR_PRODUCER) before
-//       any of those stores. Token rows past the request's length are written as zeros.
+//     all 128 threads, before the stage is free: their 16 scales and their 8 chunks of the first 256 NoPE
+//       bytes of the page's tokens (box 0) with ld.global into registers (L2 after the prefetch), so
+//       that those loads are in flight while the consumers still hold the stage.
+//     thread 0, once the stage is free (empty[s]): TMA of the other 256 NoPE bytes per token (box 1) as
+//       an unswizzled box of 256 bytes x 64 tokens (16 KiB, tensor map of uint8 over the same 656-byte
+//       rows) into the stage itself, slabs RAW1_SLAB = 6-7, raw_full[s] completing on its expect_tx
+//       + the 16 KiB.
+//     all 128 threads, per 16-byte raw chunk: e4m3 -> f16 (exact) -> f32, times the tile's fp32 scale,
+//       rounded once to bf16 (as the default kernel and dequantize_kvcache do), stored 128B-swizzled
+//       into slabs 0..7: box 0 from registers into slabs 0-3 while box 1 arrives, then box 1 (slabs
+//       6-7) into slabs 4-7, over its own raw bytes, so every thread first reads all its box-1 chunks
+//       into registers and the warpgroup syncs (named barrier BAR_PRODUCER) before any of those stores.
+//       Token rows past the request's length are written as zeros.
 //       Thread -> (chunk cb of a box, tokens r0 + 8i, i = 0..7), see the kernel.
 //     full[s] completes on 129 arrivals (thread 0's expect_tx + all 128 after their stores and a
 //       proxy fence) plus the 8 KiB of RoPE bytes; empty[s] as in the BF16 kernel (256 consumer
@@ -27,8 +29,9 @@
 //   WG1, WG2: unchanged consumers (run_consumers<false>: no tail zeroing, the producer did it).
 // Why the raw bytes land in the stage: Q (72 KiB) + two bf16 page stages (2 x 72 KiB) + P_lo (8 KiB)
 // leave under 1 KiB of the 227 KiB, so there is no room for a ring of raw pages; the stage's own
-// slabs 4-7 hold the 32 KiB of raw NoPE until they are dequantised over. (Before: 16-byte ld.global
-// into registers, 16 KiB in flight per SM: 0.51-0.78x the BF16 cache; now 0.76-0.83x, H200.)
+// slabs 6-7 hold box 1's 16 KiB of raw NoPE until they are dequantised over. (History, H200: every raw byte
+// by 16-byte ld.global after the stage was free, 16 KiB in flight per SM: 0.51-0.78x the BF16 cache; both
+// boxes by TMA: 0.76-0.83x; box 0 by ld.global before the stage is free: +2-4 %, session 17.)
 // Shared memory (same layout as the BF16 kernel, 231,488 bytes with the 1 KiB alignment slack):
 //   [0, 72 KiB) Q | 2 x 72 KiB stages (slabs 0-7 dequantised NoPE = V, slab 8 RoPE, then P_hi)
 //   | 8 KiB P_lo | 64 B mbarriers (raw_full[2] at 48, 56) | 1 KiB row scales, 1/l.
@@ -42,10 +45,9 @@ namespace {
 constexpr int FP8_TOKEN = 656, FP8_PAGE = PAGE * FP8_TOKEN;  // bytes per token / per page
 constexpr int ROPE_COL = (D_V + 16) / 2;                       // RoPE start in bf16 units of a token row (264)
 constexpr int PF = 4;                                          // L2 prefetch distance in pages
-// raw NoPE bytes of a page: two TMA boxes of 256 columns x 64 tokens (16 KiB each, unswizzled), box bx
-// landing in slabs raw_slab(bx), raw_slab(bx) + 1 of the stage they are dequantised into
-constexpr int RAW_BOX = 256 * PAGE;
-__device__ __forceinline__ int raw_slab(int bx) { return 4 + 2 * bx; }
+// raw NoPE bytes of a page: two boxes of 256 columns x 64 tokens (16 KiB each); box 1 by TMA (unswizzled)
+// into slabs RAW1_SLAB, RAW1_SLAB + 1 of the stage it is dequantised into
+constexpr int RAW_BOX = 256 * PAGE, RAW1_SLAB = 6;
 constexpr int BAR_PRODUCER = 7;     // named barrier of the producer warpgroup (consumers use 1-6)
 // register split: the launch gives 168 per thread (65536 / 384, 1 CTA/SM); what the producer
 // releases (128 x (168 - P)) must cover what the consumers take (256 x (C - 168))
@@ -55,6 +57,12 @@ static_assert(128 * (168 - PRODUCER_REGS) >= 256 * (CONSUMER_REGS - 168), "setma
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_nc_v4(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 __device__ __forceinline__ float ld_nc_f32(const uint8_t* p) {
@@ -135,35 +143,42 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int bx = 0; bx < 2; ++bx) sc[bx][i] = ld_nc_f32(ssrc + (r0 + 8 * i) * FP8_TOKEN + bx * 8);
+        // box 0's raw chunks of this thread straight into registers, in flight while the stage is still busy
+        // (box 1 too would take 32 more registers than the producer has: spills)
+        uint4 v0[8];
+        const uint8_t* src = kc8 + (int64_t)page * a.kcache_block_stride + cb * 16;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v0[i] = ld_nc_v4(src + (r0 + 8 * i) * FP8_TOKEN);
         mbar_wait(uBar + 16 + 8 * s, ((it >> 1) & 1) ^ 1);      // both consumers done with page it-2
         if (t == 0) {  // (page in a register: a block-table read here would be redone after each TMA)
-          mbar_expect_tx(raw_full, 2 * RAW_BOX);
-          for (int bx = 0; bx < 2; ++bx) tma_load_2d(stage + raw_slab(bx) * SLAB, &tmN, bx * 256, page * PAGE, raw_full);
+          mbar_expect_tx(raw_full, RAW_BOX);
+          tma_load_2d(stage + RAW1_SLAB * SLAB, &tmN, 256, page * PAGE, raw_full);
           mbar_expect_tx(uBar + 8 * s, SLAB);
           tma_load_2d(stage + 8 * SLAB, &tmR, ROPE_COL, page * PAGE, uBar + 8 * s);
         }
-        mbar_wait(raw_full, (it >> 1) & 1);
         fence_regs(sc[0]);  // the scale loads are waited for here, not before the waits above
         fence_regs(sc[1]);
-        // token row r of box bx: 256 raw bytes at raw_slab(bx); chunk cb -> output slab 4 bx + cb / 4
-        auto raw = [&](int bx, int i) {
-          const uint4 x = ld_shared_v4(stage + raw_slab(bx) * SLAB + (r0 + 8 * i) * 256 + cb * 16);
-          return r0 + 8 * i < valid ? x : make_uint4(0, 0, 0, 0);
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        // token row r of box 1: 256 raw bytes at RAW1_SLAB; chunk cb of box bx -> output slab 4 bx + cb / 4
+        auto raw1 = [&](int i) {
+          const uint4 x = ld_shared_v4(stage + RAW1_SLAB * SLAB + (r0 + 8 * i) * 256 + cb * 16);
+          return r0 + 8 * i < valid ? x : zero;
         };
-        auto put = [&](int bx, int i, const uint4& v) {
+        auto put = [&](int bx, int i, uint4 v) {
           const float f = r0 + 8 * i < valid ? sc[bx][i] : 0.f;
           const uint32_t row = stage + (4 * bx + (cb >> 2)) * SLAB + (r0 + 8 * i) * 128;
           st_shared_v4(row + sw0, dq2(v.x & 0xffffu, f), dq2(v.x >> 16, f), dq2(v.y & 0xffffu, f), dq2(v.y >> 16, f));
           st_shared_v4(row + sw1, dq2(v.z & 0xffffu, f), dq2(v.z >> 16, f), dq2(v.w & 0xffffu, f), dq2(v.w >> 16, f));
         };
-        // box 0 (raw in slabs 4-5) -> slabs 0-3: nothing it overwrites is still to be read
+        // box 0 (in registers) -> slabs 0-3 while box 1's TMA is in flight
 #pragma unroll
-        for (int i = 0; i < 8; ++i) put(0, i, raw(0, i));
-        // box 1 (raw in slabs 6-7) -> slabs 4-7, which hold both raw boxes: every producer thread reads
-        // all of its box-1 chunks first, then the warpgroup syncs, then the stores
+        for (int i = 0; i < 8; ++i) put(0, i, r0 + 8 * i < valid ? v0[i] : zero);
+        mbar_wait(raw_full, (it >> 1) & 1);
+        // box 1 (raw in slabs 6-7) -> slabs 4-7, which hold the raw box: every producer thread reads all
+        // of its box-1 chunks first, then the warpgroup syncs, then the stores
         uint4 v1[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v1[i] = raw(1, i);
+        for (int i = 0; i < 8; ++i) v1[i] = raw1(i);
         bar_sync(BAR_PRODUCER, 128);
 #pragma unroll
         for (int i = 0; i < 8; ++i) put(1, i, v1[i]);

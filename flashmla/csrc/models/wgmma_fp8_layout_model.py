@@ -2,7 +2,8 @@
 
 For one page of the FP8 cache (bytes from flashmla.quantize_kvcache, token rows past `valid`
 overwritten with 0xFF: NaN values and NaN scales) it replays, on the stage's bytes:
-  - the raw TMA: two unswizzled boxes of 256 NoPE bytes x 64 tokens, box bx at slab 4 + 2 bx;
+  - the raw TMA of box 1: an unswizzled box of NoPE bytes 256..511 x 64 tokens at slab 6 (box 0,
+    bytes 0..255, each thread reads from the page in global memory);
   - the dequantising threads: thread -> (chunk cb, first token r0) map, tokens r0 + 8i, a 16-byte
     raw read, fp8 -> f32 times the fp32 scale 2 bx + cb / 8 -> bf16, two 16-byte stores at the
     kernel's swizzled offsets (rows past `valid` stored as zeros); box 0 read and stored thread by
@@ -10,7 +11,7 @@ overwritten with 0xFF: NaN values and NaN scales) it replays, on the stage's byt
   - the RoPE TMA: tensor map over rows of 328 bf16 (656 bytes), 64 x 64 box at column ROPE_COL,
     128B swizzle (address bits 4-6 ^= bits 7-9) into slab 8;
 and checks: every 16-byte unit of slabs 0..7 stored exactly once; each quarter warp's stores hit 8
-distinct units of the 128-byte bank window, and so do its raw reads (no bank conflict); the stage read back through the
+distinct units of the 128-byte bank window, and so do its box-1 raw reads (no bank conflict); the stage read back through the
 consumers' wgmma descriptors (K-major for S, MN-major for V, as in wgmma_layout_model.py) equals
 flashmla.dequantize_kvcache of the page (V rows past `valid` exactly 0), which also shows that no
 store overwrote raw bytes before they were read; S = Q K^T. `--mutants` breaks one offset or order at
@@ -43,8 +44,8 @@ def producer_map(t, mut):
     return r0, cb, ((unit ^ r0) & 7) << 4, (((unit + 1) ^ r0) & 7) << 4
 
 
-def raw_slab(bx, mut):
-    return (2 if mut == "raw_over_slabs_2_3" else 4) + 2 * bx
+def raw1_slab(mut):  # where box 1's raw bytes land
+    return 2 if mut == "raw_over_slabs_2_3" else 6
 
 
 def to_bf16_bytes(vals):
@@ -55,16 +56,17 @@ def to_bf16_bytes(vals):
 def stage_page(raw, valid, mut=None):
     """raw: uint8 [64, 656]. Returns the 9-slab stage as float64 [TILE // 2] (slabs 0-7 NaN where never stored)."""
     stage = np.zeros(TILE, dtype=np.uint8)
-    for bx in range(2):  # raw TMA: box bx = columns 256 bx .. +255 of the 64 tokens, rows 256 bytes apart
-        base = raw_slab(bx, mut) * SLAB
-        stage[base:base + 64 * 256] = raw[:, 256 * bx:256 * bx + 256].reshape(-1)
+    base = raw1_slab(mut) * SLAB  # raw TMA of box 1: columns 256 .. 511 of the 64 tokens, rows 256 bytes apart
+    stage[base:base + 64 * 256] = raw[:, 256:512].reshape(-1)
     scales = raw[:, 512:528].copy().view(np.float32)                                        # [64, 4]
     stored = np.zeros(8 * SLAB // 16, dtype=int)
     banks, loads = {}, {}
 
     def read(bx, t, i):
         r0, cb, _, _ = producer_map(t, mut)
-        off = raw_slab(bx, mut) * SLAB + (r0 + 8 * i) * 256 + cb * 16
+        if bx == 0:  # from the page in global memory
+            return raw[r0 + 8 * i, cb * 16:cb * 16 + 16].copy()
+        off = raw1_slab(mut) * SLAB + (r0 + 8 * i) * 256 + cb * 16
         loads.setdefault((bx, t >> 3, i), []).append((off % 128) // 16)
         return stage[off:off + 16].copy()
 
@@ -149,7 +151,7 @@ MUTANTS = ("same_chunks_both_tokens", "tokens_4_apart", "swizzle_without_row", "
 if __name__ == "__main__":
     for valid, seed in ((64, 0), (37, 1), (1, 2), (63, 3)):
         check(valid, seed)
-    print("fp8 layout model: raw TMA boxes dequantised in place + TMA RoPE stage == dequantize_kvcache; S, V "
+    print("fp8 layout model: box 0 from global + raw TMA box 1 dequantised in place + TMA RoPE stage == dequantize_kvcache; S, V "
           "operands, tail zeroing, coverage, no store before the raw read, bank-conflict freedom: consistent")
     if "--mutants" in sys.argv:
         for mut in MUTANTS:

@@ -1,12 +1,13 @@
 """Randomised model check of the FP8 wgmma kernel's synchronisation (../mla_decode_wgmma_fp8.cu).
 
 Like wgmma_protocol_model.py (same consumers), but the producer warpgroup is split the way the
-FP8 kernel runs it: thread 0 (Q TMA after qempty; per page: wait empty[s], expect_tx + the raw NoPE
-TMA into the stage's slabs 4-7 on raw_full[s], expect_tx + RoPE TMA into slab 8 on full[s], then its
-own share of the dequantisation) and the other 127 dequantising threads, modelled as two groups of
-64 and 63 arrivals. Each share: wait empty[s], wait raw_full[s], read the raw bytes, store its box-0
-values (slabs 0-3, its own), sync the producer warpgroup (named barrier), store its box-1 values
-over the raw bytes (slabs 4-7: the raw TMA lands under every share's box-1 stores), arrive on full[s]. full[s] needs 129
+FP8 kernel runs it: thread 0 (Q TMA after qempty; per page: wait empty[s], expect_tx + the TMA of box 1's
+raw NoPE bytes into the stage's slabs 6-7 on raw_full[s], expect_tx + RoPE TMA into slab 8 on full[s],
+then its own share of the dequantisation) and the other 127 dequantising threads, modelled as two groups
+of 64 and 63 arrivals. Each share: wait empty[s], store its box-0 values (slabs 0-3, its own; their raw
+bytes came from global memory into registers before the wait), wait raw_full[s], read box 1's raw bytes,
+sync the producer warpgroup (named barrier), store its box-1 values over the raw bytes (slabs 4-7: the
+raw TMA lands under every share's box-1 stores), arrive on full[s]. full[s] needs 129
 arrivals plus the RoPE bytes; empty[s] 256 (both consumer warpgroups). Checks, over random request
 mixes and interleavings: no deadlock, every read sees the version it expects from start to end (the
 raw bytes, each box-0 share, the slabs 4-7, the RoPE/P_hi slab, P_lo, Q, the row scales and 1/l), no
@@ -33,11 +34,11 @@ def run(reqs, seed, mut=None):
     nb["PROD"] = NBar("PROD", parties=len(SHARES))
 
     def dequant(name, weight, s, it):  # one share's part of page it in stage s (after its empty wait)
+        yield ("write", f"Lo{s}.{name}", ("K", it))  # box 0, loaded from global memory into registers
         if mut != "dequant_skips_raw_wait":
             yield ("wait", f"raw{s}", (it >> 1) & 1)
-        for n, _ in SHARES:  # its raw chunks lie anywhere in slabs 4-7, under every share's box-1 stores
+        for n, _ in SHARES:  # its box-1 raw chunks lie anywhere in slabs 6-7, under every share's box-1 stores
             yield ("rbeg", f"Hi{s}.{n}", ("raw", it)); yield ("rend", f"Hi{s}.{n}", ("raw", it))
-        yield ("write", f"Lo{s}.{name}", ("K", it))
         if mut != "no_producer_barrier":
             yield ("nsync", "PROD")
         if mut == "arrive_before_store" and name == "D1":
