@@ -1,0 +1,264 @@
+// The BF16 wgmma kernel's seesaw consumers (FLASHMLA_WGMMA_SEESAW=1; included by mla_decode_wgmma.cu
+// after wgmma_common.cuh). Both consumer warpgroups own half of O (WG1 columns 0..255, WG2 256..511)
+// and take a request's pages in turns: page j (j counted from the request's first page in this
+// part) is owned by warpgroup j & 1, which runs S_j, the softmax and publishes P_j (bf16 hi plane in
+// the page's RoPE slab, lo plane in P_lo for hi/lo requests) and the running row max m_j (sM) behind
+// named barrier PF[j & 1]; the other warpgroup syncs there, rescales its half of O and l by
+// alpha_j = 2^(m_{j-1} - m_j) (it keeps m_{j-1} itself) and adds P_j V_j. So one warpgroup's softmax
+// runs beside the other's tensor work instead of in front of it. Own step j of a warpgroup:
+//   P V of page j-2 complete -> stage released (hi/lo: PE arrival); wait full[j], issue S_j;
+//   (j >= 1) sync PF[j-1], issue P V of page j-1; wait_group 1 (S_j done); wait_group 0 (P V of
+//   j-1 done) -> its stage released; softmax of S_j; hi/lo: sync PE; P_j and m_j out, arrive PF[j];
+//   issue P V of page j.
+// Epilogue: partial row sums l of each warpgroup through sL[2][64] between two syncs (EPI0, EPI1);
+// WG1 writes lse. q_empty takes 256 arrivals: each warpgroup after its last S of the request (or at
+// its start when it owns no page). CPU model of this protocol: csrc/models/seesaw_protocol_model.py.
+#pragma once
+
+namespace flashmla {
+namespace {
+
+constexpr int BAR_WG2_ONLY = 8;  // WG2's own P stores before its P V (WG1 uses BAR_WG1_ONLY)
+
+template <bool ZERO_TAIL>
+__device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const CtaPart& c) {
+  const uint32_t uQ = c.uQ, uK = c.uK, uPlo = c.uPlo, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
+  float* sM = c.sAlpha;  // [64] running row max of the last published page
+  float* sL = c.sInv;    // [2][64] partial row sums of each warpgroup
+  const int m = c.m, t = c.t, row_base = c.row_base, w = c.wg - 1;
+  const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
+  const int lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const int r_loc[2] = {(t >> 5) * 16 + gq, (t >> 5) * 16 + gq + 8};
+  const float scale_log2 = a.softmax_scale * LOG2E;
+  const int own_bar = w == 0 ? BAR_WG1_ONLY : BAR_WG2_ONLY;
+  int it = 0, qn = 0;
+
+  for (int b = b0; b <= last && b < a.batch; ++b) {
+    const Work wk = request_work(a, b, b0, k0, b1, k1, first);
+    if (wk.split && wk.g >= a.batch + a.parts) break;
+    const int npg = wk.kend - wk.kbeg;
+
+    auto body = [&](auto lo_tag) {
+      constexpr bool LO = decltype(lo_tag)::value;
+      float o[2][64];  // O[64 x 256] of this warpgroup, columns 256 w ..
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) o[j][i] = 0.f;
+      float mprev[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+      int lim[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rg = row_base + r_loc[h];
+        lim[h] = (a.causal && rg < m) ? min(wk.L, wk.L - a.s_q + 1 + rg / a.h_q) : wk.L;
+      }
+      auto stage = [&](int j) { return uK + ((it + j) & 1) * TILE; };
+      // alpha of a page whose running max is mn, from the previous one (mprev); mprev, l and O follow
+      auto advance = [&](const float (&mn)[2], float (&muse)[2], bool rescale_o) {
+        float al[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          muse[h] = mn[h] == NEG_INF ? 0.f : mn[h];
+          al[h] = exp2_ftz(mprev[h] - muse[h]);
+          mprev[h] = mn[h];
+          lrow[h] *= al[h];
+        }
+        if (rescale_o && __any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) rescale_rows(o, al[0], al[1]);
+      };
+      auto issue_pv = [&](int j) {  // O[:, 256 w ..] += (P_hi + P_lo) V of page j (committed, not waited)
+        const uint32_t uKs = stage(j);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) fence_regs(o[k]);
+        wgmma_fence();
+        const uint64_t dv = desc_mnmajor(uKs + 4 * w * SLAB), dhi = desc_kmajor(uKs + 8 * SLAB), dlo = desc_kmajor(uPlo);
+#pragma unroll
+        for (int ks = 0; ks < PAGE / 16; ++ks) {
+          pv_step(o, dhi + ks * 2, dv + ks * 128);
+          if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
+        }
+        wgmma_commit();
+      };
+      auto wait_all = [&]() {
+        wgmma_wait0();
+#pragma unroll
+        for (int k = 0; k < 2; ++k) fence_regs(o[k]);
+      };
+      auto release = [&](int j) {  // this warpgroup's P V of page j is complete
+        mbar_arrive(uBar + 16 + 8 * ((it + j) & 1));
+        if (LO && j + 1 < npg && (j & 1) == w) bar_arrive(BAR_P_EMPTY, 256);
+      };
+      auto wait_full = [&](int j) { mbar_wait(uBar + 8 * ((it + j) & 1), ((it + j) >> 1) & 1); };
+      auto apply_other = [&](int j) {  // the other warpgroup's page j: rescale, P V
+        wait_full(j);  // (the owner waited for it too; waiting here makes the TMA bytes visible to this one)
+        bar_sync(bar_p_full(j), 256);
+        const float mn[2] = {sM[r_loc[0]], sM[r_loc[1]]};
+        float muse[2];
+        advance(mn, muse, true);
+        issue_pv(j);
+      };
+
+      if (npg > 0) mbar_wait(bar_qfull, qn & 1);
+      qn += npg > 0;
+      const int last_own = npg - 1 - (((npg - 1) & 1) != w);  // < 0: owns no page
+      if (npg > 0 && last_own < 0) mbar_arrive(bar_qempty);
+      for (int j = w; j < npg; j += 2) {
+        const int blk = wk.kbeg + j;
+        const uint32_t uKs = stage(j);
+        if (j >= 2) {
+          wait_all();
+          release(j - 2);
+        }
+        wait_full(j);
+        float sacc[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+        fence_regs(sacc);
+        wgmma_fence();
+        {
+          const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);
+#pragma unroll
+          for (int kk = 0; kk < D_QK / 16; ++kk) {
+            const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
+            wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+          }
+        }
+        wgmma_commit();
+        if (j >= 1) {
+          apply_other(j - 1);
+          wgmma_wait1();
+        } else {
+          wgmma_wait0();
+        }
+        fence_regs(sacc);
+        if (j == last_own) mbar_arrive(bar_qempty);
+        // mask, scale to the exp2 domain, row max with the previous page's
+        const int key0 = blk * PAGE + 2 * cq;
+        float mx[2] = {mprev[0], mprev[1]};
+        if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
+#pragma unroll
+          for (int i = 0; i < 32; ++i) {
+            sacc[i] *= scale_log2;
+            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+              sacc[i * 4 + e] = v;
+              mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        }
+        if (j >= 1) {
+          wait_all();  // P V of page j - 1 done: its stage can go, and O can be rescaled
+          release(j - 1);
+        }
+        float muse[2];
+        advance(mx, muse, true);
+        // rows past the request's length hold arbitrary data: zero them in the V slabs of its last page
+        if (ZERO_TAIL && blk == wk.nb - 1 && (wk.L & (PAGE - 1))) {
+          const int valid = wk.L & (PAGE - 1);
+          for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
+            const int r = (idx >> 3) & 63;
+            if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
+          }
+        }
+        if (LO && j >= 1) bar_sync(BAR_P_EMPTY, 256);  // the other warpgroup is done with P_lo of page j - 1
+        // P = exp2(S - m) as bf16 hi (and lo) planes, 128B-swizzled K-major; l accumulated
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
+            lrow[h] += p0 + p1;
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+            const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
+            st_shared_u32(uKs + 8 * SLAB + off, *reinterpret_cast<const uint32_t*>(&hi));
+            if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+          }
+        if (cq == 0) {
+          sM[r_loc[0]] = mx[0];
+          sM[r_loc[1]] = mx[1];
+        }
+        fence_async_smem();
+        bar_arrive(bar_p_full(j), 256);
+        bar_sync(own_bar, 128);
+        issue_pv(j);
+      }
+      if (npg > 0) {
+        const int lp = npg - 1;
+        if ((lp & 1) != w) {  // the other warpgroup's last page comes after this one's last own page
+          if (last_own >= 0) {
+            wait_all();
+            release(lp - 1);
+          }
+          apply_other(lp);
+        }
+        wait_all();
+        release(lp);
+      }
+
+      // ---- epilogue: l = both warpgroups' partial sums; WG1 writes lse
+      float inv[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 1);
+        lrow[h] += __shfl_xor_sync(0xffffffffu, lrow[h], 2);
+      }
+      if (npg > 0) {
+        if (cq == 0) {
+          sL[w * BM + r_loc[0]] = lrow[0];
+          sL[w * BM + r_loc[1]] = lrow[1];
+        }
+        bar_sync(BAR_EPI0, 256);
+        lrow[0] += sL[(1 - w) * BM + r_loc[0]];
+        lrow[1] += sL[(1 - w) * BM + r_loc[1]];
+        bar_sync(BAR_EPI1, 256);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) inv[h] = lrow[h] > 0.f ? 1.f / lrow[h] : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rg = row_base + r_loc[h];
+        if (rg >= m) continue;
+        const int col0 = 256 * w + 2 * cq;
+        if (!wk.split) {
+          __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              *reinterpret_cast<uint32_t*>(orow + k * 128 + j * 8) =
+                  pack_bf16(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
+        } else {
+          float* orow = a.oacc + ((int64_t)wk.g * m + rg) * D_V + col0;
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              *reinterpret_cast<float2*>(orow + k * 128 + j * 8) =
+                  make_float2(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
+        }
+        if (w == 0 && cq == 0) {
+          const bool empty = !(lrow[h] > 0.f);
+          const float lse = empty ? (wk.split ? NEG_INF : -NEG_INF) : (mprev[h] + log2f(lrow[h])) * LN2;
+          const int i = rg / a.h_q, hh = rg - i * a.h_q;
+          if (!wk.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+          else a.lacc[(int64_t)wk.g * m + rg] = lse;
+        }
+      }
+      it += max(npg, 0);
+    };
+    if (wk.L < a.p_bf16_min_keys) body(std::true_type{});
+    else body(std::false_type{});
+  }
+}
+
+}  // namespace
+}  // namespace flashmla
