@@ -183,6 +183,96 @@ __device__ __forceinline__ void pv_step(float (&o)[NB][64], uint64_t dp, uint64_
   if constexpr (NB & 1) wgmma_m64n128k16_tb(o[NB - 1], dp, dv + (((NB - 1) * 2 * SLAB) >> 4), 1);
 }
 
+// S = Q K^T of the page in stage uKs into sacc: 36 k-steps of 16 over the 9 slabs (committed, not waited)
+__device__ __forceinline__ void issue_s(uint32_t uQ, uint32_t uKs, float (&sacc)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+  fence_regs(sacc);
+  wgmma_fence();
+  const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
+#pragma unroll
+  for (int kk = 0; kk < D_QK / 16; ++kk) {
+    const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
+    wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+  }
+  wgmma_commit();
+}
+// S of page blk to the exp2 domain, keys at or past a row's limit masked to -inf, and this thread's row
+// maxima folded into mx. Only pages that reach past some row's last visible key need the mask (the last
+// page of a request, and the causal tail): elsewhere scale alone.
+__device__ __forceinline__ void scale_mask_max(float (&sacc)[32], int blk, int cq, const int (&lim)[2], float scale_log2,
+                                               float (&mx)[2]) {
+  const int key0 = blk * PAGE + 2 * cq;
+  if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sacc[i] *= scale_log2;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
+        sacc[i * 4 + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+  }
+}
+// rows past a request's length hold arbitrary data: zero rows valid..63 of the 8 V slabs of stage uKs
+__device__ __forceinline__ void zero_v_tail(uint32_t uKs, int valid, int t) {
+  for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
+    const int r = (idx >> 3) & 63;
+    if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
+  }
+}
+// P = exp2(S - muse) as bf16 hi (LO: and lo) planes in 128B-swizzled K-major slabs; P row sums into lrow
+template <bool LO>
+__device__ __forceinline__ void write_p_planes(uint32_t uPhi, uint32_t uPlo, const float (&sacc)[32], const float (&muse)[2],
+                                               const int (&r_loc)[2], int cq, float (&lrow)[2]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
+      lrow[h] += p0 + p1;
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+      const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
+      st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+      if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+    }
+}
+// epilogue of one of this thread's rows (h) of request b: O / l into out (bf16) or the split partials
+// (fp32) from column col0 on; with_lse: lse too (natural log; +inf / -inf for a row without keys)
+template <int NB>
+__device__ __forceinline__ void store_row(const DecodeArgs& a, const Work& w, int b, int m, int rg, int col0,
+                                          const float (&o)[NB][64], int h, float inv, bool with_lse, float mrow,
+                                          float lrow) {
+  if (!w.split) {
+    __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
+#pragma unroll
+    for (int k = 0; k < NB; ++k)
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<uint32_t*>(orow + k * 128 + j * 8) = pack_bf16(o[k][j * 4 + 2 * h] * inv, o[k][j * 4 + 2 * h + 1] * inv);
+  } else {
+    float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
+#pragma unroll
+    for (int k = 0; k < NB; ++k)
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<float2*>(orow + k * 128 + j * 8) = make_float2(o[k][j * 4 + 2 * h] * inv, o[k][j * 4 + 2 * h + 1] * inv);
+  }
+  if (with_lse) {
+    const bool empty = !(lrow > 0.f);
+    const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow + log2f(lrow)) * LN2;
+    const int i = rg / a.h_q, hh = rg - i * a.h_q;
+    if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+    else a.lacc[(int64_t)w.g * m + rg] = lse;
+  }
+}
+
 // The two consumer warpgroups (wg = 1, 2; t = thread index in the warpgroup) over the CTA's part
 // [b0/k0, b1/k1). Page stage s: full[s] at uBar + 8s (the page's 9 slabs are ready), empty[s] at
 // uBar + 16 + 8s (256 arrivals: both warpgroups are done with the stage). ZERO_TAIL: WG1 zeroes the
@@ -231,42 +321,10 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       auto stage = [&](int i) { return uK + (i & 1) * TILE; };
       auto wait_full = [&](int i) { mbar_wait(uBar + 8 * (i & 1), (i >> 1) & 1); };
 
-      // ---- S = Q K^T of the page in stage uKs: 36 k-steps of 16 over the 9 slabs (committed, not waited)
-      auto issue_s = [&](uint32_t uKs, float (&sacc)[32]) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
-        fence_regs(sacc);
-        wgmma_fence();
-        const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);  // + offset>>4 moves the start
-#pragma unroll
-        for (int kk = 0; kk < D_QK / 16; ++kk) {
-          const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
-          wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
-        }
-        wgmma_commit();
-      };
       // ---- mask, exp2-domain scale, running max and alpha of page blk; l rescaled
       auto softmax = [&](int blk, float (&sacc)[32], float (&al)[2], float (&muse)[2]) {
-        const int key0 = blk * PAGE + 2 * cq;
         float mx[2] = {NEG_INF, NEG_INF};
-        // only pages that reach past some row's last visible key need the mask (the last page of a
-        // request, and the causal tail): elsewhere scale alone
-        if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
-#pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            sacc[i] *= scale_log2;
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
-              sacc[i * 4 + e] = v;
-              mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        }
+        scale_mask_max(sacc, blk, cq, lim, scale_log2, mx);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -280,27 +338,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       };
       // rows past the request's length hold arbitrary data: zero them in the V slabs of its last page
       auto zero_tail = [&](int blk, uint32_t uKs) {
-        if (ZERO_TAIL && blk == w.nb - 1 && (w.L & (PAGE - 1))) {
-          const int valid = w.L & (PAGE - 1);
-          for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
-            const int r = (idx >> 3) & 63;
-            if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
-          }
-        }
-      };
-      // ---- P = exp2(S - m) as bf16 hi (and lo) planes in 128B-swizzled K-major slabs; l accumulated
-      auto write_p = [&](uint32_t uPhi, const float (&sacc)[32], const float (&muse)[2]) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
-            lrow[h] += p0 + p1;
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-            const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
-            st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
-            if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
-          }
+        if (ZERO_TAIL && blk == w.nb - 1 && (w.L & (PAGE - 1))) zero_v_tail(uKs, w.L & (PAGE - 1), t);
       };
       // alpha of page i to WG2, then P of page i is published (WG1 arrives on P_FULL, WG2 syncs)
       auto publish = [&](int i, const float (&al)[2]) {
@@ -358,7 +396,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           const uint32_t uKs = stage(it);
           wait_full(it);
           float sacc[32], al[2], muse[2];
-          issue_s(uKs, sacc);
+          issue_s(uQ, uKs, sacc);
           wgmma_wait0();
           fence_regs(sacc);
           if (blk == w.kend - 1) mbar_arrive(bar_qempty);
@@ -366,7 +404,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           zero_tail(blk, uKs);
           if (LO && lo_pages > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo of the last hi/lo page
           lo_pages += LO;
-          write_p(uKs + 8 * SLAB, sacc, muse);
+          write_p_planes<LO>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
           publish(it, al);
           rescale(al);
           issue_pv(uKs);
@@ -397,31 +435,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       for (int h = 0; h < 2; ++h) {
         const int rg = row_base + r_loc[h];
         if (rg >= m) continue;
-        const int col0 = COL0 + 2 * cq;
-        if (!w.split) {
-          __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
-#pragma unroll
-          for (int k = 0; k < NB; ++k)
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-              *reinterpret_cast<uint32_t*>(orow + k * 128 + j * 8) =
-                  pack_bf16(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
-        } else {
-          float* orow = a.oacc + ((int64_t)w.g * m + rg) * D_V + col0;
-#pragma unroll
-          for (int k = 0; k < NB; ++k)
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-              *reinterpret_cast<float2*>(orow + k * 128 + j * 8) =
-                  make_float2(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
-        }
-        if (CH == 0 && cq == 0) {
-          const bool empty = !(lrow[h] > 0.f);
-          const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[h] + log2f(lrow[h])) * LN2;
-          const int i = rg / a.h_q, hh = rg - i * a.h_q;
-          if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
-          else a.lacc[(int64_t)w.g * m + rg] = lse;
-        }
+        store_row(a, w, b, m, rg, COL0 + 2 * cq, o, h, inv[h], CH == 0 && cq == 0, mrow[h], lrow[h]);
       }
     };
     using WG1 = std::integral_constant<int, 0>;

@@ -110,19 +110,7 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
         }
         wait_full(j);
         float sacc[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
-        fence_regs(sacc);
-        wgmma_fence();
-        {
-          const uint64_t dq = desc_kmajor(uQ), dk = desc_kmajor(uKs);
-#pragma unroll
-          for (int kk = 0; kk < D_QK / 16; ++kk) {
-            const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
-            wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
-          }
-        }
-        wgmma_commit();
+        issue_s(uQ, uKs, sacc);
         if (j >= 1) {
           apply_other(j - 1);
           wgmma_wait1();
@@ -131,25 +119,8 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
         }
         fence_regs(sacc);
         if (j == last_own) mbar_arrive(bar_qempty);
-        // mask, scale to the exp2 domain, row max with the previous page's
-        const int key0 = blk * PAGE + 2 * cq;
-        float mx[2] = {mprev[0], mprev[1]};
-        if (__all_sync(0xffffffffu, (blk + 1) * PAGE <= min(lim[0], lim[1]))) {
-#pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            sacc[i] *= scale_log2;
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sacc[i]);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float v = key0 + i * 8 + (e & 1) < lim[e >> 1] ? sacc[i * 4 + e] * scale_log2 : NEG_INF;
-              sacc[i * 4 + e] = v;
-              mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        }
+        float mx[2] = {mprev[0], mprev[1]};  // the row max with the previous page's
+        scale_mask_max(sacc, blk, cq, lim, scale_log2, mx);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -161,27 +132,9 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
         }
         float muse[2];
         advance(mx, muse, true);
-        // rows past the request's length hold arbitrary data: zero them in the V slabs of its last page
-        if (ZERO_TAIL && blk == wk.nb - 1 && (wk.L & (PAGE - 1))) {
-          const int valid = wk.L & (PAGE - 1);
-          for (int idx = t; idx < 8 * PAGE * 8; idx += 128) {
-            const int r = (idx >> 3) & 63;
-            if (r >= valid) st_shared_zero16(uKs + (idx >> 9) * SLAB + r * 128 + (idx & 7) * 16);
-          }
-        }
+        if (ZERO_TAIL && blk == wk.nb - 1 && (wk.L & (PAGE - 1))) zero_v_tail(uKs, wk.L & (PAGE - 1), t);
         if (LO && j >= 1) bar_sync(BAR_P_EMPTY, 256);  // the other warpgroup is done with P_lo of page j - 1
-        // P = exp2(S - m) as bf16 hi (and lo) planes, 128B-swizzled K-major; l accumulated
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
-            lrow[h] += p0 + p1;
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-            const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
-            st_shared_u32(uKs + 8 * SLAB + off, *reinterpret_cast<const uint32_t*>(&hi));
-            if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
-          }
+        write_p_planes<LO>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
         if (cq == 0) {
           sM[r_loc[0]] = mx[0];
           sM[r_loc[1]] = mx[1];
@@ -226,32 +179,7 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rg = row_base + r_loc[h];
-        if (rg >= m) continue;
-        const int col0 = 256 * w + 2 * cq;
-        if (!wk.split) {
-          __nv_bfloat16* orow = static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * m + rg) * D_V + col0;
-#pragma unroll
-          for (int k = 0; k < 2; ++k)
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-              *reinterpret_cast<uint32_t*>(orow + k * 128 + j * 8) =
-                  pack_bf16(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
-        } else {
-          float* orow = a.oacc + ((int64_t)wk.g * m + rg) * D_V + col0;
-#pragma unroll
-          for (int k = 0; k < 2; ++k)
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-              *reinterpret_cast<float2*>(orow + k * 128 + j * 8) =
-                  make_float2(o[k][j * 4 + 2 * h] * inv[h], o[k][j * 4 + 2 * h + 1] * inv[h]);
-        }
-        if (w == 0 && cq == 0) {
-          const bool empty = !(lrow[h] > 0.f);
-          const float lse = empty ? (wk.split ? NEG_INF : -NEG_INF) : (mprev[h] + log2f(lrow[h])) * LN2;
-          const int i = rg / a.h_q, hh = rg - i * a.h_q;
-          if (!wk.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
-          else a.lacc[(int64_t)wk.g * m + rg] = lse;
-        }
+        if (rg < m) store_row(a, wk, b, m, rg, 256 * w + 2 * cq, o, h, inv[h], w == 0 && cq == 0, mprev[h], lrow[h]);
       }
       it += max(npg, 0);
     };

@@ -80,3 +80,30 @@ def simulate(actors, mb, nb, rnd, slow=0.02, max_steps=200000):
         elif k in ("rbeg", "rend"):
             assert buf.get(op[1]) == op[2], f"{a} {k} {op[1]}: saw {buf.get(op[1])}, expected {op[2]}"
         pending[a] = next(actors[a], None)
+
+
+def bf16_producer(reqs):
+    """The BF16 wgmma kernels' producer (requests of (pages, lo)): Q by TMA after q_empty, then each page's
+    K slabs and RoPE slab into stage it & 1 after empty[s], both landing on full[s]."""
+    it = qn = 0
+    for r, (npg, _) in enumerate(reqs):
+        if npg == 0: continue
+        yield ("wait", "qempty", (qn & 1) ^ 1)
+        yield ("expect", "qfull"); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
+        for _ in range(npg):
+            s = it & 1
+            yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
+            yield ("expect", f"full{s}", 2)
+            yield ("tma", f"K{s}", ("K", it), f"full{s}"); yield ("tma", f"H{s}", ("K", it), f"full{s}")
+            it += 1
+
+
+def expect_caught(fn, muts):
+    """fn(mutant) must raise AssertionError for every mutant: the model catches each deliberate break."""
+    for mut in muts:
+        try:
+            fn(mut)
+        except AssertionError as e:
+            print(f"  mutant {mut}: caught ({str(e)[:70]})")
+            continue
+        raise SystemExit(f"mutant {mut} NOT caught: the model is too weak")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
-from sim import MBar, NBar, simulate
+from sim import MBar, NBar, expect_caught, simulate
 
 SLAB, TILE, TOKEN, CH = 8192, 9 * 8192, 656, 16
 NCH_OF = {16: 4, 32: 3}   # raw ring chunk slots of the NR = 16 / NR = 32 instantiations (SabLayout)
@@ -349,16 +349,6 @@ PROTOCOL_MUTANTS = ("raw_empty_count_64", "raw_empty_before_read", "producer_ski
 # (sMax by page parity is belt and braces: one buffer is also safe, since a warp writes page t+1's
 # maxima only after the PT barrier of page t, which every warp reaches after reading page t's; the
 # model run with mutant "smax_one_buffer" passes, as it should)
-
-
-def expect_caught(fn, muts):
-    for mut in muts:
-        try:
-            fn(mut)
-        except AssertionError as e:
-            print(f"  mutant {mut}: caught ({str(e)[:70]})")
-            continue
-        raise SystemExit(f"mutant {mut} NOT caught: the model is too weak")
 
 
 if __name__ == "__main__":
