@@ -24,6 +24,8 @@
 // V = the first 512 columns of the page, read by wgmma as an MN-major (transposed) B operand.
 // Cache rows past a request's length may hold anything (NaN in the tests): S masks them with a
 // select, and WG1 zeroes them in the V slabs of the last page before any P V reads them.
+// FLASHMLA_WGMMA_SEESAW=1 (template SEESAW, opt-in): the consumers of wgmma_seesaw.cuh instead (each
+// warpgroup half of O and S/softmax/P of alternate pages; FLASHMLA_WGMMA_SPLIT does not apply).
 #include "wgmma_common.cuh"
 #include "wgmma_seesaw.cuh"
 
