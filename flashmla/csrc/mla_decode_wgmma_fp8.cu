@@ -31,7 +31,7 @@
 // leave under 1 KiB of the 227 KiB, so there is no room for a ring of raw pages; the stage's own
 // slabs 6-7 hold box 1's 16 KiB of raw NoPE until they are dequantised over. (History, H200: every raw byte
 // by 16-byte ld.global after the stage was free, 16 KiB in flight per SM: 0.51-0.78x the BF16 cache; both
-// boxes by TMA: 0.76-0.83x; box 0 by ld.global before the stage is free: +2-4 %, session 17.)
+// boxes by TMA: 0.76-0.83x; box 0 by ld.global before the stage is free: +2-5 %, session 17.)
 // Shared memory (same layout as the BF16 kernel, 231,488 bytes with the 1 KiB alignment slack):
 //   [0, 72 KiB) Q | 2 x 72 KiB stages (slabs 0-7 dequantised NoPE = V, slab 8 RoPE, then P_hi)
 //   | 8 KiB P_lo | 64 B mbarriers (raw_full[2] at 48, 56) | 1 KiB row scales, 1/l.
