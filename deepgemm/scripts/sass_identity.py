@@ -1,4 +1,4 @@
-"""Default kernels' SASS (encodings included) under the current sm90_gemm.cuh vs the one of a git ref: a switch that
+"""Default kernels' SASS (encodings included) under the working tree's sm90_gemm.cuh vs the one of a git ref: a switch that
 must not change the default kernels (DEEPGEMM_SPLIT_K, ...) is checked with
     python deepgemm/scripts/sass_identity.py b6e0afe
 (nvcc and cuobjdump needed; 25 configurations: FP8 / BF16 dense at small and large M, grouped, FP8 / FP32 out,
@@ -16,7 +16,8 @@ from deepgemm.jit import compiler, kernels as K
 from test_multicast import _sass_tools
 tools = _sass_tools(); env = dict(os.environ, PATH=tools + os.pathsep + os.environ.get("PATH", ""))
 ref = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
-new_hdr = compiler.read_header()
+# the working tree's header (compiler.read_header would give the installed package's)
+new_hdr = (Path(__file__).resolve().parents[1] / "src/deepgemm/include/deepgemm/sm90_gemm.cuh").read_text()
 old_hdr = subprocess.run(["git", "show", f"{ref}:deepgemm/src/deepgemm/include/deepgemm/sm90_gemm.cuh"], capture_output=True,
                          text=True, check=True, cwd=Path(__file__).resolve().parents[2]).stdout
 orig = compiler.read_header
