@@ -183,6 +183,16 @@ __device__ __forceinline__ void pv_step(float (&o)[NB][64], uint64_t dp, uint64_
   if constexpr (NB & 1) wgmma_m64n128k16_tb(o[NB - 1], dp, dv + (((NB - 1) * 2 * SLAB) >> 4), 1);
 }
 
+// keys of request w each of this thread's two rows sees: all, or under causal masking those up to its own
+// position (bottom-right aligned: row rg is query token rg / h_q of s_q)
+__device__ __forceinline__ void key_limits(const DecodeArgs& a, const Work& w, int row_base, const int (&r_loc)[2], int m,
+                                           int (&lim)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rg = row_base + r_loc[h];
+    lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
+  }
+}
 // S = Q K^T of the page in stage uKs into sacc: 36 k-steps of 16 over the 9 slabs (committed, not waited)
 __device__ __forceinline__ void issue_s(uint32_t uQ, uint32_t uKs, float (&sacc)[32]) {
 #pragma unroll
@@ -242,6 +252,34 @@ __device__ __forceinline__ void write_p_planes(uint32_t uPhi, uint32_t uPlo, con
       st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
       if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
     }
+}
+// the running max rarely moves on long requests: skip the rescale when it did not for any row of the
+// warp (alpha == 1 exactly)
+template <int NB>
+__device__ __forceinline__ void rescale_if_moved(float (&o)[NB][64], const float (&al)[2]) {
+  if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) rescale_rows(o, al[0], al[1]);
+}
+// O[:, 64 vslab ..] += (P_hi + P_lo) V of the page in stage uKs (P_hi in its RoPE slab, P_lo at uPlo), V from
+// slab vslab on as MN-major B (committed, not waited)
+template <bool LO, int NB>
+__device__ __forceinline__ void issue_pv_page(float (&o)[NB][64], uint32_t uKs, int vslab, uint32_t uPlo) {
+#pragma unroll
+  for (int j = 0; j < NB; ++j) fence_regs(o[j]);
+  wgmma_fence();
+  const uint64_t dv = desc_mnmajor(uKs + vslab * SLAB), dhi = desc_kmajor(uKs + 8 * SLAB), dlo = desc_kmajor(uPlo);
+#pragma unroll
+  for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
+    pv_step(o, dhi + ks * 2, dv + ks * 128);
+    if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
+  }
+  wgmma_commit();
+}
+// every committed wgmma group of this warpgroup complete; O's registers read back in place
+template <int NB>
+__device__ __forceinline__ void wait_pv(float (&o)[NB][64]) {
+  wgmma_wait0();
+#pragma unroll
+  for (int j = 0; j < NB; ++j) fence_regs(o[j]);
 }
 // epilogue of one of this thread's rows (h) of request b: O / l into out (bf16) or the split partials
 // (fp32) from column col0 on; with_lse: lse too (natural log; +inf / -inf for a row without keys)
@@ -312,11 +350,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         for (int i = 0; i < 64; ++i) o[j][i] = 0.f;
       float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
       int lim[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rg = row_base + r_loc[h];
-        lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
-      }
+      key_limits(a, w, row_base, r_loc, m, lim);
       const bool has_pages = w.kbeg < w.kend;
       auto stage = [&](int i) { return uK + (i & 1) * TILE; };
       auto wait_full = [&](int i) { mbar_wait(uBar + 8 * (i & 1), (i >> 1) & 1); };
@@ -350,32 +384,6 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         bar_arrive(bar_p_full(i), 256);
         bar_sync(BAR_WG1_ONLY, 128);
       };
-      // the running max rarely moves on long requests: skip the rescale when it did not for any
-      // row of the warp (alpha == 1 exactly)
-      auto rescale = [&](const float (&al)[2]) {
-        if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) rescale_rows(o, al[0], al[1]);
-      };
-      // ---- O[:, COL0 ..] += (P_hi + P_lo) V of the page in stage uKs, V from slab COL0/64 on as
-      // MN-major B (committed, not waited)
-      auto issue_pv = [&](uint32_t uKs) {
-#pragma unroll
-        for (int j = 0; j < NB; ++j) fence_regs(o[j]);
-        wgmma_fence();
-        const uint64_t dv = desc_mnmajor(uKs + (COL0 / 64) * SLAB), dhi = desc_kmajor(uKs + 8 * SLAB),
-                       dlo = desc_kmajor(uPlo);
-#pragma unroll
-        for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
-          pv_step(o, dhi + ks * 2, dv + ks * 128);
-          if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
-        }
-        wgmma_commit();
-      };
-      auto pv_done = [&]() {
-        wgmma_wait0();
-#pragma unroll
-        for (int j = 0; j < NB; ++j) fence_regs(o[j]);
-      };
-
       if (has_pages && CH == 0) mbar_wait(bar_qfull, qn & 1);
       qn += has_pages;
       if constexpr (CH == 1) {
@@ -383,9 +391,9 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           wait_full(it);
           bar_sync(bar_p_full(it), 256);
           const float al[2] = {sAlpha[(it & 1) * BM + r_loc[0]], sAlpha[(it & 1) * BM + r_loc[1]]};
-          rescale(al);
-          issue_pv(stage(it));
-          pv_done();
+          rescale_if_moved(o, al);
+          issue_pv_page<LO>(o, stage(it), COL0 / 64, uPlo);
+          wait_pv(o);
           if (LO) bar_arrive(BAR_P_EMPTY, 256);
           // the last page's stage is released after the epilogue has read 1/l (below): that keeps WG1,
           // which never waits for WG2, less than two requests ahead (EPI barriers and 1/l by parity)
@@ -406,9 +414,9 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           lo_pages += LO;
           write_p_planes<LO>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
           publish(it, al);
-          rescale(al);
-          issue_pv(uKs);
-          pv_done();
+          rescale_if_moved(o, al);
+          issue_pv_page<LO>(o, uKs, COL0 / 64, uPlo);
+          wait_pv(o);
           mbar_arrive(uBar + 16 + 8 * (it & 1));
         }
       }

@@ -47,14 +47,10 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
         for (int i = 0; i < 64; ++i) o[j][i] = 0.f;
       float mprev[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
       int lim[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rg = row_base + r_loc[h];
-        lim[h] = (a.causal && rg < m) ? min(wk.L, wk.L - a.s_q + 1 + rg / a.h_q) : wk.L;
-      }
+      key_limits(a, wk, row_base, r_loc, m, lim);
       auto stage = [&](int j) { return uK + ((it + j) & 1) * TILE; };
       // alpha of a page whose running max is mn, from the previous one (mprev); mprev, l and O follow
-      auto advance = [&](const float (&mn)[2], float (&muse)[2], bool rescale_o) {
+      auto advance = [&](const float (&mn)[2], float (&muse)[2]) {
         float al[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -63,26 +59,10 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
           mprev[h] = mn[h];
           lrow[h] *= al[h];
         }
-        if (rescale_o && __any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) rescale_rows(o, al[0], al[1]);
+        rescale_if_moved(o, al);
       };
-      auto issue_pv = [&](int j) {  // O[:, 256 w ..] += (P_hi + P_lo) V of page j (committed, not waited)
-        const uint32_t uKs = stage(j);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) fence_regs(o[k]);
-        wgmma_fence();
-        const uint64_t dv = desc_mnmajor(uKs + 4 * w * SLAB), dhi = desc_kmajor(uKs + 8 * SLAB), dlo = desc_kmajor(uPlo);
-#pragma unroll
-        for (int ks = 0; ks < PAGE / 16; ++ks) {
-          pv_step(o, dhi + ks * 2, dv + ks * 128);
-          if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
-        }
-        wgmma_commit();
-      };
-      auto wait_all = [&]() {
-        wgmma_wait0();
-#pragma unroll
-        for (int k = 0; k < 2; ++k) fence_regs(o[k]);
-      };
+      auto issue_pv = [&](int j) { issue_pv_page<LO>(o, stage(j), 4 * w, uPlo); };
+      auto wait_all = [&]() { wait_pv(o); };
       auto release = [&](int j) {  // this warpgroup's P V of page j is complete
         mbar_arrive(uBar + 16 + 8 * ((it + j) & 1));
         if (LO && j + 1 < npg && (j & 1) == w) bar_arrive(BAR_P_EMPTY, 256);
@@ -93,7 +73,7 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
         bar_sync(bar_p_full(j), 256);
         const float mn[2] = {sM[r_loc[0]], sM[r_loc[1]]};
         float muse[2];
-        advance(mn, muse, true);
+        advance(mn, muse);
         issue_pv(j);
       };
 
@@ -131,7 +111,7 @@ __device__ __forceinline__ void run_consumers_seesaw(const DecodeArgs& a, const 
           release(j - 1);
         }
         float muse[2];
-        advance(mx, muse, true);
+        advance(mx, muse);
         if (ZERO_TAIL && blk == wk.nb - 1 && (wk.L & (PAGE - 1))) zero_v_tail(uKs, wk.L & (PAGE - 1), t);
         if (LO && j >= 1) bar_sync(BAR_P_EMPTY, 256);  // the other warpgroup is done with P_lo of page j - 1
         write_p_planes<LO>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
