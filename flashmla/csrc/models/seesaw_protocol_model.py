@@ -24,7 +24,7 @@ arrival on a named barrier. `--mutants` breaks one order or buffer at a time. ~5
 """
 import random, sys
 
-from sim import MBar, NBar, bf16_producer, expect_caught, simulate
+from sim import MBar, NBar, bf16_producer, expect_caught, random_mixes, simulate
 
 
 def run(reqs, seed, mut=None):
@@ -135,13 +135,7 @@ def numeric_check(trials=200):
 
 
 def check(trials, mut=None):
-    n = 0
-    for trial in range(trials):
-        rng = random.Random(trial)
-        reqs = [(rng.choice([0, 1, 1, 2, 3, 4, 5]), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
-        for sch in range(6):
-            run(reqs, trial * 100 + sch, mut); n += 1
-    return n
+    return random_mixes(run, trials, mut, [0, 1, 1, 2, 3, 4, 5], 6)
 
 
 MUTANTS = ("p_before_s_done", "no_pe", "release_before_pv_done", "qempty_one_wg", "l_one_sync")

@@ -14,6 +14,7 @@ Checks: no deadlock, every read sees its version, no mbarrier over-arrived in a 
 arrival of one actor at a named barrier, no two copies in flight into one buffer and no store into
 a buffer a copy is landing in.
 """
+import random
 
 
 class MBar:
@@ -107,3 +108,15 @@ def expect_caught(fn, muts):
             print(f"  mutant {mut}: caught ({str(e)[:70]})")
             continue
         raise SystemExit(f"mutant {mut} NOT caught: the model is too weak")
+
+
+def random_mixes(run, trials, mut, pages, schedules):
+    """run(reqs, seed, mut) over `trials` random request mixes (1-6 requests of random.choice(pages) pages, each
+    bf16 or hi/lo P) and `schedules` interleavings of each; returns the number of runs."""
+    n = 0
+    for trial in range(trials):
+        rng = random.Random(trial)
+        reqs = [(rng.choice(pages), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
+        for sch in range(schedules):
+            run(reqs, trial * 100 + sch, mut); n += 1
+    return n

@@ -19,7 +19,7 @@ kernel. ~3 s:
 """
 import random, sys
 
-from sim import MBar, NBar, expect_caught, simulate
+from sim import MBar, NBar, expect_caught, random_mixes, simulate
 
 SHARES = (("T0", 1), ("D1", 64), ("D2", 63))  # dequantising threads and their mbarrier arrivals
 
@@ -123,13 +123,7 @@ def run(reqs, seed, mut=None):
 
 
 def check(trials, mut=None):
-    n = 0
-    for trial in range(trials):
-        rng = random.Random(trial)
-        reqs = [(rng.choice([0, 0, 1, 1, 2, 3, 5]), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
-        for sch in range(5):
-            run(reqs, trial * 100 + sch, mut); n += 1
-    return n
+    return random_mixes(run, trials, mut, [0, 0, 1, 1, 2, 3, 5], 5)
 
 
 MUTANTS = ("full_count_128", "empty_count_128", "raw_before_wait", "dequant_skips_raw_wait", "no_producer_barrier",

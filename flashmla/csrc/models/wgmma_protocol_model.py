@@ -14,7 +14,7 @@ asserts the model catches each. ~5 s:
 """
 import random, sys
 
-from sim import MBar, NBar, bf16_producer, expect_caught, simulate
+from sim import MBar, NBar, bf16_producer, expect_caught, random_mixes, simulate
 
 
 def run(reqs, seed, mut=None):
@@ -77,13 +77,7 @@ def run(reqs, seed, mut=None):
     simulate({"P": bf16_producer(reqs), "W1": wg1(), "W2": wg2()}, mb, nb, rnd, max_steps=100000)
 
 def check(trials, mut=None):
-    n = 0
-    for trial in range(trials):
-        rng = random.Random(trial)
-        reqs = [(rng.choice([0, 0, 1, 1, 2, 3, 5]), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
-        for sch in range(6):
-            run(reqs, trial * 100 + sch, mut); n += 1
-    return n
+    return random_mixes(run, trials, mut, [0, 0, 1, 1, 2, 3, 5], 6)
 
 
 MUTANTS = ("alpha_one_buffer", "p_before_s_done", "no_p_empty", "epi_release_early")
