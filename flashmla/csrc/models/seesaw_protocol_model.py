@@ -6,14 +6,15 @@ page j is owned by warpgroup j & 1, which runs its S, the softmax and publishes 
 in the page's RoPE slab, the lo plane in the one P_lo buffer for hi/lo requests) and the running
 row max m_j (one buffer: its next writer is the warpgroup that reads it) behind named barrier
 PF[j & 1]; the other warpgroup syncs there and applies P_j to its half. One own step j of a warpgroup:
-  0. its P V of page j - 2 completes (wait_group 0): stage of j - 2 released, hi/lo: PE arrival;
-  1. waits full[j], issues S_j;
+  1. waits full[j - 1] (j >= 1: before any wgmma is in flight) and full[j], issues S_j;
   2. (j >= 1) syncs PF[(j - 1) & 1], reads m_{j-1}, issues P V of page j - 1 (the other's page);
   3. wait_group 1: S_j done (the P V of j - 1 still runs); the last own S of the request arrives
      on q_empty (256: both warpgroups; one that owns no page arrives at the request's start);
-  4. wait_group 0: P V of j - 1 done, its stage released;
-  5. hi/lo: syncs PE (the other warpgroup is done with P_lo of j - 1), then writes P_j, m_j and
-     arrives on PF[j & 1]; issues its P V of page j.
+  4. writes P_j, m_j and arrives on PF[j & 1];
+  5. wait_group 0: P V of j - 1 done, its stage released; issues its P V of page j;
+  6. wait_group 0: its P V of page j done, its stage released (hi/lo: PE arrival).
+  hi/lo pages (one P_lo buffer): 5's wait and release come before 4, and 4 first syncs PE (the
+  other warpgroup is done with P_lo of j - 1).
 After its last own page a warpgroup still applies the other's last page when that comes later.
 Epilogue: each warpgroup writes its partial row sums, both sync (EPI0), read the other's and sync
 again (EPI1) before either can write the next request's.
@@ -58,36 +59,39 @@ def run(reqs, seed, mut=None):
                 yield ("arrive", f"empty{st(j)}")
                 if lo and j + 1 < npg and (j & 1) == w and mut != "no_pe": yield ("narrive", "PE")
 
-            def apply_other(j):  # P V of the other warpgroup's page j
-                yield ("wait", f"full{st(j)}", ((it + j) >> 1) & 1)
+            def apply_other(j):  # P V of the other warpgroup's page j (full[j] waited by the caller)
                 yield ("nsync", f"PF{j & 1}")
                 yield ("rbeg", "M", ("M", it + j)); yield ("rend", "M", ("M", it + j))
                 yield from issue(pv(j))
 
             for j in own:
-                if j >= 2:
-                    yield from wait_group(0); yield from release(j - 2)
+                if j >= 1: yield ("wait", f"full{st(j - 1)}", ((it + j - 1) >> 1) & 1)
                 yield ("wait", f"full{st(j)}", ((it + j) >> 1) & 1)
                 yield from issue([("Q", ("Q", r)), (f"K{st(j)}", ("K", it + j)), (f"H{st(j)}", ("K", it + j))])
                 if mut == "p_before_s_done": yield ("write", f"H{st(j)}", ("P", it + j))
                 if j >= 1: yield from apply_other(j - 1)
                 yield from wait_group(1 if j >= 1 else 0)
                 if j == own[-1] and (mut != "qempty_one_wg" or j == npg - 1): yield ("arrive", "qempty")
-                if j >= 1:
-                    if mut == "release_before_pv_done": yield from release(j - 1); yield from wait_group(0)
-                    else: yield from wait_group(0); yield from release(j - 1)
+                def pv_prev_done():
+                    if j >= 1:
+                        if mut == "release_before_pv_done": yield from release(j - 1); yield from wait_group(0)
+                        else: yield from wait_group(0); yield from release(j - 1)
+                early = lo and mut != "lo_release_late"  # one P_lo buffer: the own P V of j - 1 first
+                if early: yield from pv_prev_done()
                 if lo and j >= 1 and mut != "no_pe": yield ("nsync", "PE")
                 yield ("write", f"H{st(j)}", ("P", it + j))
                 if lo: yield ("write", "Plo", ("P", it + j))
                 yield ("write", "M", ("M", it + j))
                 yield ("narrive", f"PF{j & 1}")
+                if not early: yield from pv_prev_done()
                 yield from issue(pv(j))
+                if mut == "own_release_early": yield from release(j); yield from wait_group(0)
+                else: yield from wait_group(0); yield from release(j)
             last = npg - 1
             if last & 1 != w:  # the other warpgroup's last page comes after this one's last own page
-                if own:
-                    yield from wait_group(0); yield from release(last - 1)
+                yield ("wait", f"full{st(last)}", ((it + last) >> 1) & 1)
                 yield from apply_other(last)
-            yield from wait_group(0); yield from release(last)
+                yield from wait_group(0); yield from release(last)
             # partial row sums: one buffer per warpgroup, read between two syncs
             yield ("write", f"L.{w}", ("L", r)); yield ("nsync", "EPI0")
             yield ("rbeg", f"L.{1 - w}", ("L", r)); yield ("rend", f"L.{1 - w}", ("L", r))
@@ -138,7 +142,8 @@ def check(trials, mut=None):
     return random_mixes(run, trials, mut, [0, 1, 1, 2, 3, 4, 5], 6)
 
 
-MUTANTS = ("p_before_s_done", "no_pe", "release_before_pv_done", "qempty_one_wg", "l_one_sync")
+MUTANTS = ("p_before_s_done", "no_pe", "release_before_pv_done", "qempty_one_wg", "l_one_sync",
+           "lo_release_late", "own_release_early")
 
 if __name__ == "__main__":
     trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 2000
