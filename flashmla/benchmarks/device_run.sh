@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call that validates and measures flashmla's defaults on a CUDA machine (H200):
-#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab|seesaw]   (from the repository root; ~570 s)
+#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab]   (from the repository root; ~570 s)
 # default mode:
 #   1. builds flashmla with CUDA;
 #   2. smoke tests under a 60 s bound each, so that a hang or a crash drops only that kernel from the
-#      later steps: the BF16 wgmma kernel (smoke.log), its opt-in seesaw consumers (smoke_seesaw.log), the
-#      FP8 wgmma kernel (smoke_fp8.log), the swap-AB FP8 kernel at 16 and 32 rows (smoke_swapab.log);
+#      later steps: the BF16 wgmma kernel (smoke.log), the FP8 wgmma kernel (smoke_fp8.log), the swap-AB
+#      FP8 kernel at 16 and 32 rows (smoke_swapab.log);
 #   3. all GPU tests (gpu_tests.log);
 #   4. benchmarks of the defaults (FLASHMLA_KERNEL unset = auto, 5 pages per scheduler segment):
 #      bench_quick: the quick BF16 table (16 shapes) with the peers (SDPA, Triton, reference, FlashInfer);
@@ -15,10 +15,6 @@
 #   auto+FLASHMLA_SPLIT_OVH=5 is the same code again: the noise floor), after the scheduler's GPU tests:
 #   bench_ab (BF16, memory-bound shapes, uniform and ragged; AB_SHAPES overrides) and bench_ab_fp8
 #   (FP8 cache at h_q 16/32, where 16384 keys schedule differently under 3/5/8), 3 rounds each.
-# seesaw mode: FLASHMLA_WGMMA_SEESAW=1 (BF16 wgmma kernel, both consumers take S of alternate pages): its
-#   smoke test under 60 s, its GPU tests (the kernel fixture's wgmma_seesaw variant), then bench_seesaw: the
-#   BF16 table (batch 64/128, 4096/16384 keys, h_q 64/128, s_q 1/2, uniform and ragged) under auto and
-#   wgmma+FLASHMLA_WGMMA_SEESAW=1, 3 rounds (SEESAW_SHAPES overrides).
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -66,13 +62,6 @@ t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-if [ "${2:-}" = seesaw ]; then
-  smoke smoke_seesaw "wgmma_seesaw and (test_odd_heads or test_cuda_graph or test_poisoned)" || exit 1
-  gpu_tests 200 -k "wgmma_seesaw or unknown_kernel"
-  bench bench_seesaw "$(left)" --no-peers --rounds 3 --kernels "auto,wgmma+FLASHMLA_WGMMA_SEESAW=1" \
-    --shapes "${SEESAW_SHAPES:-64,128;4096,16384;64,128;1,2;uniform,ragged}"
-  exit 0
-fi
 if [ "${2:-}" = ab ]; then
   # the scheduler's GPU tests (metadata kernel = ref.schedule_ref under several c; decodes under 0/5/64)
   gpu_tests 120 -k "metadata_matches_reference or split_overhead"
@@ -86,10 +75,6 @@ fi
 KERNELS=auto; FP8_KERNELS=auto; FP8_HEADS=16,24,32,64,128; EXCL=()
 if ! smoke smoke "(test_wgmma_matches_default_kernel and not fp8) or (test_odd_heads and wgmma)"; then
   echo "wgmma kernel hangs or crashes: dropped from the tests and the benchmark"; KERNELS=default; EXCL+=("wgmma")
-fi
-# the seesaw consumers (opt-in, FLASHMLA_WGMMA_SEESAW=1): a hang or crash drops their tests
-if ! smoke smoke_seesaw "wgmma_seesaw and (test_odd_heads or test_cuda_graph or test_poisoned)"; then
-  echo "seesaw consumers hang or crash: dropped from the tests"; EXCL+=("wgmma_seesaw")
 fi
 # the FP8 wgmma kernel (auto from 64 rows): a hang or crash drops it (and h_q 64/128 from the FP8 table)
 if ! smoke smoke_fp8 "test_fp8_wgmma_matches_default_kernel or (test_fp8_kvcache and wgmma and 7-65)"; then

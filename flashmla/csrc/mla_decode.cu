@@ -529,10 +529,6 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
   a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
   if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
-  // FLASHMLA_WGMMA_SEESAW=1 (opt-in): the BF16 wgmma kernel's consumers take S of alternate pages (wgmma_seesaw.cuh)
-  const char* ss = getenv("FLASHMLA_WGMMA_SEESAW");
-  a.wgmma_seesaw = ss && ss[0] ? atoi(ss) : 0;
-  if (a.wgmma_seesaw != 0 && a.wgmma_seesaw != 1) return "FLASHMLA_WGMMA_SEESAW must be 0 or 1";
   // FLASHMLA_SWAPAB_MAX_ROWS: 16 (opt-out) sends 17..32 FP8 rows back to the mma.sync path (launch.h)
   const int sab_rows = swapab_max_rows();
   if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";

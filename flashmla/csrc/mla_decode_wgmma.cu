@@ -24,21 +24,18 @@
 // V = the first 512 columns of the page, read by wgmma as an MN-major (transposed) B operand.
 // Cache rows past a request's length may hold anything (NaN in the tests): S masks them with a
 // select, and WG1 zeroes them in the V slabs of the last page before any P V reads them.
-// FLASHMLA_WGMMA_SEESAW=1 (template SEESAW, opt-in): the consumers of wgmma_seesaw.cuh instead (each
-// warpgroup half of O and S/softmax/P of alternate pages; FLASHMLA_WGMMA_SPLIT does not apply).
 #include "wgmma_common.cuh"
-#include "wgmma_seesaw.cuh"
 
 namespace flashmla {
 namespace {
 
-template <int W1, bool SEESAW>
+template <int W1>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
                             const __grid_constant__ CUtensorMap tmQ) {
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 in begin_cta
   CtaPart c;
-  if (!begin_cta(a, smem_raw, 1, c, false, SEESAW ? 256 : 128)) return;  // full[s]: expect_tx + TMA bytes
+  if (!begin_cta(a, smem_raw, 1, c)) return;  // full[s]: expect_tx + TMA bytes
   const uint32_t uQ = c.uQ, uK = c.uK, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
   const int wg = c.wg, t = c.t, m = c.m, row_base = c.row_base;
   const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
@@ -79,8 +76,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   // -------------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-  if constexpr (SEESAW) run_consumers_seesaw<true>(a, c);
-  else run_consumers<true, W1>(a, c);
+  run_consumers<true, W1>(a, c);
 }
 
 }  // namespace
@@ -96,9 +92,7 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream) {
   if (!make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE) ||
       !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m))
     return -1;
-  auto kernel = a.wgmma_seesaw      ? mla_decode_wgmma_kernel<256, true>
-                : a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128, false>
-                                    : mla_decode_wgmma_kernel<256, false>;
+  auto kernel = a.wg1_cols == 128 ? mla_decode_wgmma_kernel<128> : mla_decode_wgmma_kernel<256>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   kernel<<<dim3((m + BM - 1) / BM, a.parts), NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmK, tmQ);

@@ -128,7 +128,7 @@ struct CtaPart {
 // Otherwise thread 0 initialises the mbarriers (full[s] completing on full_arrivals arrivals plus the
 // transaction bytes) and the CTA syncs.
 __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw, int full_arrivals, CtaPart& c,
-                                          bool raw_full = false, int qempty_arrivals = 128) {
+                                          bool raw_full = false) {
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;  // dynamic shared memory aligned to 1024 here
   c.uQ = base + OFF_Q, c.uK = base + OFF_K, c.uPlo = base + OFF_PLO, c.uBar = base + OFF_MISC;
@@ -147,7 +147,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
       mbar_init(c.uBar + 16 + 8 * s, 256);  // empty[s]: every consumer thread after its P V
     }
     mbar_init(c.bar_qfull, 1);
-    mbar_init(c.bar_qempty, qempty_arrivals);  // WG1 after the last S of a request (seesaw: both, 256)
+    mbar_init(c.bar_qempty, 128);  // WG1 after the last S of a request
     if (raw_full) {                         // FP8 wgmma kernel: raw_full[s] (expect_tx + bytes)
       mbar_init(c.uBar + OFF_RAW_FULL, 1);
       mbar_init(c.uBar + OFF_RAW_FULL + 8, 1);

@@ -19,7 +19,7 @@ KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 cache
 
 
 # the BF16 wgmma kernel's launcher settings each variant runs under (FP8 caches ignore them)
-WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_ovh0": "128", "wgmma_seesaw": "256"}
+WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_ovh0": "128"}
 # scheduler of a variant: FLASHMLA_SPLIT_OVH (read by get_mla_metadata); unset: 5 pages per segment,
 # the default; 0: pure page balance, which splits nearly every request (the combine's heaviest use)
 SPLIT_OVH_SETTINGS = {"wgmma_ovh0": "0"}
@@ -29,11 +29,9 @@ SPLIT_OVH_SETTINGS = {"wgmma_ovh0": "0"}
 def kernel(request, monkeypatch):
     """Runs a decode test once per kernel variant (read by the launcher at every call); the BF16
     wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup), and
-    once more under the scheduler's FLASHMLA_SPLIT_OVH=0 (SPLIT_OVH_SETTINGS), and with the seesaw
-    consumers (FLASHMLA_WGMMA_SEESAW=1: both warpgroups take S of alternate pages)."""
+    once more under the scheduler's FLASHMLA_SPLIT_OVH=0 (SPLIT_OVH_SETTINGS)."""
     monkeypatch.setenv("FLASHMLA_KERNEL", request.param.split("_")[0])
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", WGMMA_SETTINGS.get(request.param, "256"))
-    monkeypatch.setenv("FLASHMLA_WGMMA_SEESAW", "1" if request.param == "wgmma_seesaw" else "0")
     if request.param in SPLIT_OVH_SETTINGS:
         monkeypatch.setenv("FLASHMLA_SPLIT_OVH", SPLIT_OVH_SETTINGS[request.param])
     else:
@@ -290,7 +288,7 @@ def test_unknown_kernel_variant_raises(monkeypatch):
     with pytest.raises(RuntimeError, match="FLASHMLA_KERNEL"):
         run(q, kc, bt, sl)
     monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
-    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9"), ("FLASHMLA_WGMMA_SEESAW", "2")]:
+    for var, bad in [("FLASHMLA_WGMMA_SPLIT", "192"), ("FLASHMLA_L2_PREFETCH", "9")]:
         monkeypatch.setenv(var, bad)
         with pytest.raises(RuntimeError, match=var):
             run(q, kc, bt, sl)

@@ -26,16 +26,6 @@ def test_wgmma_protocol_model_passes_and_catches_mutants():
     assert "all 4 mutants caught" in res.stdout
 
 
-def test_seesaw_protocol_model_passes_and_catches_mutants():
-    """CPU model of the BF16 wgmma kernel's seesaw consumers (FLASHMLA_WGMMA_SEESAW=1,
-    csrc/models/seesaw_protocol_model.py): both warpgroups taking S of alternate pages, bf16 and hi/lo P,
-    pass over random schedules, the two partial row sums reproduce the softmax, and each deliberately
-    broken order, barrier or buffer is caught."""
-    res = _model("seesaw_protocol_model.py", "--trials", "300", "--mutants")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "arithmetic == softmax" in res.stdout and "all 7 mutants caught" in res.stdout
-
-
 def test_fp8_wgmma_protocol_model_passes_and_catches_mutants():
     """CPU model of the FP8 wgmma kernel's mbarrier protocol (csrc/models/): the kernel's protocol
     passes over random schedules, and each deliberately broken count, wait or order is caught."""
