@@ -108,13 +108,14 @@ def test_source():
 @pytest.mark.parametrize("kb,s", [(56, 3), (56, 16), (12, 5), (4, 4), (2, 2), (128, 7)])
 def test_slice_bounds(kb, s):
     """Slices cover K blocks 0..kb-1 once, in order, none empty, sizes within one; the kernel's formula is the
-    same (producer and consumers)."""
+    same (producer, consumers, and the consumers' scale prefetch of a unit's first run: the first unit's and the next's)."""
     b = kernels.split_k_bounds(kb, s)
     assert b[0][0] == 0 and b[-1][1] == kb and all(b[i][1] == b[i + 1][0] for i in range(s - 1))
     sizes = [hi - lo for lo, hi in b]
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
     hdr = compiler.read_header()
-    assert hdr.count("kb_lo = slice * KB / SPLITK") == 2 and hdr.count("(slice + 1) * KB / SPLITK") == 2
+    assert hdr.count("kb_lo = slice * KB / SPLITK") == 2 and hdr.count("(slice + 1) * KB / SPLITK") == 3
+    assert hdr.count("nslice * KB / SPLITK, (nslice + 1) * KB / SPLITK") == 1
 
 
 # ---- emulation of the kernel's protocol -------------------------------------------------------------

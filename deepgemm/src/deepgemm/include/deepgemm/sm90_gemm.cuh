@@ -431,10 +431,18 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     step = (blk + 1 < SFB_NB && n0 % 128 + BN > 128) ? SF_KB : 0;
   };
   float sb0_next = 0.f, sb1_next = 0.f;
+  // SPLITK: B's scales of the unit's first run of 32 K blocks (lane j: block kb_lo + j), loaded a unit ahead
+  float run0_b0 = 0.f, run0_b1 = 0.f;
+  auto load_run = [&](const float* row, int step, int lo, int hi, int r, float& v0, float& v1) {
+    const int idx = lo + (r << 5) + lane;
+    if (idx < hi) { v0 = row[idx]; v1 = row[step + idx]; }
+  };
   if (FP8 && have) {
     sfb_tile(n_blk, g, sfb_row0, sfb_step);
     sb0_next = sfb_row0[kw];
     sb1_next = sfb_row0[sfb_step + kw];
+    if constexpr (SPLITK)
+      load_run(sfb_row0, sfb_step, slice * KB / SPLITK, (slice + 1) * KB / SPLITK, 0, run0_b0, run0_b1);
   }
   u32 it = 0;
   while (have) {
@@ -570,23 +578,25 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       }
     } else if constexpr (SPLITK) {
       // this unit's K blocks [kb_lo, kb_hi) (this warpgroup's: every KSTEP-th from kb_lo + kw); block kb is
-      // pipeline step itb + kb. B's scales: lane j of every warp loads those of block kb_lo + 32c + j for the
-      // unit's c-th run of 32 blocks in one go, and each block takes its pair by a shuffle, so the K loop does
-      // not wait on one global load per block (a small-M K block is far shorter than an L2 round trip).
+      // pipeline step itb + kb. B's scales: lane j of every warp holds those of block kb_lo + 32c + j for the
+      // unit's c-th run of 32 blocks, and each block takes its pair by a shuffle, so the K loop does not wait
+      // on one global load per block (a small-M K block is far shorter than an L2 round trip). The runs are
+      // loaded one ahead: run 0 during the previous unit (or before the first), run c + 1 when run c starts.
       // PIPE: the blocks go in pairs, the second's WGMMAs running while the first is promoted (straight-line
       // within a pair, so ptxas keeps both commit groups in flight; an odd last block goes alone).
       const int kb_lo = slice * KB / SPLITK, kb_hi = (slice + 1) * KB / SPLITK;
       const u32 itb = it - (u32)kb_lo;
-      float sbv0 = 0.f, sbv1 = 0.f;
-      int run = -1;
+      float sbv0 = run0_b0, sbv1 = run0_b1, nbv0 = 0.f, nbv1 = 0.f;
+      load_run(sfb_row0, sfb_step, kb_lo, kb_hi, 1, nbv0, nbv1);
+      int run = 0;
       // waits for block kb's stage, takes its scales and issues its 4 WGMMAs into t (one commit group);
       // returns the stage
       auto issue_blk = [&](int kb, float (&t)[BN / 2], float (&sc)[4]) {
         const int j = kb - kb_lo;
-        if ((j >> 5) != run) {
+        if ((j >> 5) != run) {  // (one run at a time: KSTEP <= 32)
           run = j >> 5;
-          const int idx = kb_lo + (run << 5) + lane;
-          if (idx < kb_hi) { sbv0 = sfb_row0[idx]; sbv1 = sfb_row0[sfb_step + idx]; }
+          sbv0 = nbv0; sbv1 = nbv1;
+          load_run(sfb_row0, sfb_step, kb_lo, kb_hi, run + 1, nbv0, nbv1);
         }
         const float sb0 = shfl_idx(sbv0, j & 31), sb1 = shfl_idx(sbv1, j & 31);
         const u32 s = (itb + kb) % STAGES, ph = ((itb + kb) / STAGES) & 1;
@@ -624,6 +634,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         retire_blk(s, t, sc);
       }
       it += (u32)(kb_hi - kb_lo) - KB;  // (KB is added below)
+      if (have_next)  // the next unit's first run, in flight during this unit's epilogue
+        load_run(nrow, nstep, nslice * KB / SPLITK, (nslice + 1) * KB / SPLITK, 0, run0_b0, run0_b1);
     } else if constexpr (!PIPE) {
       float t[BN / 2], sc[4];
       for (int kb = kw; kb < KB; kb += KSTEP) {
