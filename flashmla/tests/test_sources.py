@@ -1,7 +1,11 @@
 """CPU checks of the CUDA sources that need no GPU."""
+import os
 import pathlib
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 CSRC = pathlib.Path(__file__).resolve().parents[1] / "csrc"
 
@@ -99,3 +103,28 @@ def test_fp8_tensor_core_scale_study():
     for (bad, omc, lerr) in (st.compare(*tc, *fp32), st.compare(*today, *bf16)):
         assert bad == 0 and omc < 1e-5 and lerr < 1e-5, (bad, omc, lerr)
     assert st.compare(*tc, *bf16)[0] > 0 and st.compare(*today, *fp32)[0] > 0
+
+
+def _nvcc():
+    for cand in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (no GPU)")
+def test_no_wgmma_is_serialised():
+    """Every CUDA source compiles for sm_90a (the build's flags) without ptxas serialising wgmma
+    instructions (its C7514/C7518/C7520 family): one wgmma wait or issue under a branch, or one in flight
+    across it, makes ptxas wait after every wgmma of the kernel (session 18: the seesaw consumers ran at
+    0.6x for that, with tests passing)."""
+    flags = ["-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-O3", "--use_fast_math", "-Xptxas", "-v",
+             "-I", str(CSRC), "-DFLASHMLA_WITH_CUDA"]
+    procs = {cu.name: subprocess.Popen([_nvcc(), *flags, "-c", str(cu), "-o", os.devnull], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True) for cu in sorted(CSRC.glob("*.cu"))}
+    assert len(procs) >= 5
+    for name, p in procs.items():
+        out = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, f"{name} does not compile:\n{out[-3000:]}"
+        bad = [line for line in out.splitlines() if "instructions are serialized" in line]
+        assert not bad, f"{name}: ptxas serialises wgmma:\n" + "\n".join(bad)
