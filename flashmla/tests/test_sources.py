@@ -106,13 +106,16 @@ def test_fp8_tensor_core_scale_study():
 
 
 def _nvcc():
+    """An nvcc that targets sm_90a (CUDA >= 12), or None."""
     for cand in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
         if cand and os.path.exists(cand):
-            return cand
+            ver = subprocess.run([cand, "--version"], capture_output=True, text=True, timeout=60).stdout
+            rel = ver.split("release ")[-1].split(",")[0] if "release " in ver else "0"
+            return cand if int(rel.split(".")[0]) >= 12 else None
     return None
 
 
-@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (no GPU)")
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc of CUDA >= 12 (no GPU)")
 def test_no_wgmma_is_serialised():
     """Every CUDA source compiles for sm_90a (the build's flags) without ptxas serialising wgmma
     instructions (its C7514/C7518/C7520 family): one wgmma wait or issue under a branch, or one in flight
