@@ -131,3 +131,32 @@ def test_no_wgmma_is_serialised():
         assert p.returncode == 0, f"{name} does not compile:\n{out[-3000:]}"
         bad = [line for line in out.splitlines() if "instructions are serialized" in line]
         assert not bad, f"{name}: ptxas serialises wgmma:\n" + "\n".join(bad)
+
+
+def test_pipeline_model_basics():
+    """benchmarks/pipeline_model_cpu.py's event engine: wgmma groups of two warpgroups share one tensor pipe
+    (two groups of d each end at 2d); loads through two stages, freed as soon as they land, stream at one per gap
+    when the latency is short, but cost a latency per two pages when it is long (the exposure that sank the
+    seesaw); a consumer that holds each page longer than the gap paces the loads."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import pipeline_model_cpu as pm
+    finally:
+        sys.path.pop(0)
+
+    def mma_only():
+        h = yield ("mma", 3.0)
+        yield ("wait_mma", h)
+    assert pm.Sim(2, 1, 0.0, 0.0).run([mma_only(), mma_only()], 0) == 6.0
+
+    def consumer(n, hold):
+        for j in range(n):
+            yield ("load", j)
+            yield ("delay", hold)
+            yield ("release", j)
+    assert pm.Sim(2, 1, 1.0, 2.0).run([consumer(10, 0.0)], 10) == 1.0 + 9 * 2.0
+    assert pm.Sim(2, 1, 5.0, 2.0).run([consumer(10, 0.0)], 10) == 5 * 5.0 + 2.0   # pages land at 5, 7, 10, 12, ...
+    assert pm.Sim(4, 1, 5.0, 2.0).run([consumer(10, 0.0)], 10) < 5 * 5.0 + 2.0    # four stages hide some of it
+    assert pm.Sim(2, 1, 1.0, 2.0).run([consumer(10, 4.0)], 10) == 1.0 + 10 * 4.0
+    p = {"eff": 1.0, "sm": 1e-6, "bar": 1e-7, "lat": 8e-7, "bw": 3.2e12, "sm_fixed": 0.3}
+    assert pm.per_page("default", 128, p, pages=16) > 0
