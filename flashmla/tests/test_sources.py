@@ -30,6 +30,14 @@ def test_wgmma_protocol_model_passes_and_catches_mutants():
     assert "all 4 mutants caught" in res.stdout
 
 
+def test_bf16_wgmma_layout_model_is_consistent():
+    """CPU model of the BF16 wgmma kernel's shared-memory layouts (csrc/models/wgmma_layout_model.py): TMA
+    placement, descriptors, fragments, P stores and zeroing give S and O equal to direct products."""
+    res = _model("wgmma_layout_model.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "epilogue map, zeroing: consistent" in res.stdout
+
+
 def test_fp8_wgmma_protocol_model_passes_and_catches_mutants():
     """CPU model of the FP8 wgmma kernel's mbarrier protocol (csrc/models/): the kernel's protocol
     passes over random schedules, and each deliberately broken count, wait or order is caught."""
