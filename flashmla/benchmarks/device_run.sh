@@ -4,8 +4,8 @@
 # default mode:
 #   1. builds flashmla with CUDA;
 #   2. smoke tests under a 60 s bound each, so that a hang or a crash drops only that kernel from the
-#      later steps: the BF16 wgmma kernel (smoke.log), the FP8 wgmma kernel (smoke_fp8.log), the swap-AB
-#      FP8 kernel at 16 and 32 rows (smoke_swapab.log);
+#      later steps: the BF16 wgmma kernel (smoke.log), the FP8 wgmma kernel (smoke_fp8.log), the
+#      swap-AB FP8 kernel at 16 and 32 rows (smoke_swapab.log);
 #   3. all GPU tests (gpu_tests.log);
 #   4. benchmarks of the defaults (FLASHMLA_KERNEL unset = auto, 5 pages per scheduler segment):
 #      bench_quick: the quick BF16 table (16 shapes) with the peers (SDPA, Triton, reference, FlashInfer);

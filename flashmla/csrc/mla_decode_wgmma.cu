@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
                             const __grid_constant__ CUtensorMap tmQ) {
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 in begin_cta
   CtaPart c;
-  if (!begin_cta(a, smem_raw, 1, c)) return;  // full[s]: expect_tx + TMA bytes
+  if (!begin_cta(a, smem_raw, 1, c)) return;  // full[s]: the producer's expect_tx + TMA bytes
   const uint32_t uQ = c.uQ, uK = c.uK, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
   const int wg = c.wg, t = c.t, m = c.m, row_base = c.row_base;
   const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;

@@ -71,7 +71,6 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {  // keep accumulator accesses in place
 #pragma unroll
@@ -147,7 +146,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
       mbar_init(c.uBar + 16 + 8 * s, 256);  // empty[s]: every consumer thread after its P V
     }
     mbar_init(c.bar_qfull, 1);
-    mbar_init(c.bar_qempty, 128);  // WG1 after the last S of a request
+    mbar_init(c.bar_qempty, 128);           // WG1 after the last S of a request
     if (raw_full) {                         // FP8 wgmma kernel: raw_full[s] (expect_tx + bytes)
       mbar_init(c.uBar + OFF_RAW_FULL, 1);
       mbar_init(c.uBar + OFF_RAW_FULL + 8, 1);

@@ -17,6 +17,15 @@ def test_generated_wgmma_header_is_current():
     assert out == (CSRC / "wgmma.cuh").read_text()
 
 
+def _bench_module(name):
+    """A script of ../benchmarks imported as a module."""
+    sys.path.insert(0, str(CSRC.parent / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
 def _model(name, *args):
     return subprocess.run([sys.executable, str(CSRC / "models" / name), *args], capture_output=True, text=True,
                           timeout=120)
@@ -93,11 +102,7 @@ def test_fp8_tensor_core_scale_study():
     side) on a short and a multi-page request with tiles over 5.5 decades: within the GPU tests' tolerances of the
     float32-dequantised reference, as today's arithmetic is of the bf16-dequantised one; each misses the other's
     oracle (bf16 K moves S by ~2^-9 relative), which is why such a kernel is checked against the float32 one."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        import fp8_tc_scale_cpu as st
-    finally:
-        sys.path.pop(0)
+    st = _bench_module("fp8_tc_scale_cpu")
     import torch
 
     from flashmla import ref
@@ -146,11 +151,7 @@ def test_pipeline_model_basics():
     (two groups of d each end at 2d); loads through two stages, freed as soon as they land, stream at one per gap
     when the latency is short, but cost a latency per two pages when it is long (the exposure that sank the
     seesaw); a consumer that holds each page longer than the gap paces the loads."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        import pipeline_model_cpu as pm
-    finally:
-        sys.path.pop(0)
+    pm = _bench_module("pipeline_model_cpu")
 
     def mma_only():
         h = yield ("mma", 3.0)
@@ -166,5 +167,7 @@ def test_pipeline_model_basics():
     assert pm.Sim(2, 1, 5.0, 2.0).run([consumer(10, 0.0)], 10) == 5 * 5.0 + 2.0   # pages land at 5, 7, 10, 12, ...
     assert pm.Sim(4, 1, 5.0, 2.0).run([consumer(10, 0.0)], 10) < 5 * 5.0 + 2.0    # four stages hide some of it
     assert pm.Sim(2, 1, 1.0, 2.0).run([consumer(10, 4.0)], 10) == 1.0 + 10 * 4.0
+    # a page of the default order takes at least WG1's chain: S, the softmax, the barrier, its quarter of P V
     p = {"eff": 1.0, "sm": 1e-6, "bar": 1e-7, "lat": 8e-7, "bw": 3.2e12, "sm_fixed": 0.3}
-    assert pm.per_page("default", 128, p, pages=16) > 0
+    s_us, pv_us = 64 * 64 * 576 * 2 / pm.RATE * 1e6, 64 * 512 * 64 * 2 / pm.RATE * 1e6
+    assert pm.per_page("default", 128, p, pages=16) >= s_us + 1.0 + 0.1 + pv_us / 4

@@ -31,25 +31,27 @@ def quantize_kvcache(k_cache: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def split_kvcache(k_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """uint8 [..., 656] in the layout above -> its parts: the e4m3 NoPE values as float32 (exact) [..., 512],
-    the tile scales float32 [..., 4] and the RoPE columns bfloat16 [..., 64]."""
+def _parts(k_fp8: torch.Tensor, who: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if k_fp8.dtype != torch.uint8 or k_fp8.shape[-1] != FP8_BYTES:
-        raise ValueError(f"expected k_fp8 uint8 [..., {FP8_BYTES}], got {k_fp8.dtype} {tuple(k_fp8.shape)}")
+        raise ValueError(f"{who}: expected k_fp8 uint8 [..., {FP8_BYTES}], got {k_fp8.dtype} {tuple(k_fp8.shape)}")
     raw = k_fp8.contiguous()
     nope = raw[..., :D_NOPE].view(torch.float8_e4m3fn).float()
     scale = raw[..., D_NOPE:D_NOPE + 16].view(torch.float32)
     return nope, scale, raw[..., D_NOPE + 16:].view(torch.bfloat16)
 
 
+def split_kvcache(k_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """uint8 [..., 656] in the layout above -> its parts: the e4m3 NoPE values as float32 (exact) [..., 512],
+    the tile scales float32 [..., 4] and the RoPE columns bfloat16 [..., 64]."""
+    return _parts(k_fp8, "split_kvcache")
+
+
 def dequantize_kvcache(k_fp8: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """uint8 [..., 656] in the layout above -> [..., 576] of dtype: bf16 (the default) or float32. Each NoPE
     value is fp8 · scale computed in float32 (relative error <= 2^-24), then for bf16 rounded once more."""
-    if k_fp8.dtype != torch.uint8 or k_fp8.shape[-1] != FP8_BYTES:
-        raise ValueError(f"dequantize_kvcache: expected uint8 [..., {FP8_BYTES}], got {k_fp8.dtype} {tuple(k_fp8.shape)}")
+    nope, scale, rope = _parts(k_fp8, "dequantize_kvcache")
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"dequantize_kvcache: dtype must be torch.bfloat16 or torch.float32, got {dtype}")
     lead = k_fp8.shape[:-1]
-    nope, scale, rope = split_kvcache(k_fp8)
     nope = nope.reshape(*lead, D_NOPE // TILE, TILE) * scale.reshape(*lead, D_NOPE // TILE, 1)
     return torch.cat([nope.reshape(*lead, D_NOPE).to(dtype), rope.to(dtype)], dim=-1)
