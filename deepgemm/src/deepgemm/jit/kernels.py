@@ -205,9 +205,8 @@ def small_m_time(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int 
     kb = k // 128
     units = ceil_div(max(m, 1), bm) * ceil_div(n, bn) * s
     chain = ceil_div(units, num_sms) * ceil_div(kb, s)  # K blocks one CTA works through, one after another
-    rows_a = min(bm, ceil_div(max(m, 1), 16 if mcast else 8) * (16 if mcast else 8))  # the rows that exist
-    if mcast:
-        rows_a //= 2
+    grain = 16 if mcast else 8  # A box rows come in 8s; a cluster's two CTAs each pull half of them
+    rows_a = min(bm, ceil_div(max(m, 1), grain) * grain) // (grain // 8)  # the rows that exist
     t = c0 + c_blk * chain + c_kb * chain * (rows_a + bn) * 128 / 1024 + c_mb * n * k / 1e6
     if s > 1:
         part_kb = bm * bn * 4 / 1024
