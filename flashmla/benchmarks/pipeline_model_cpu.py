@@ -14,7 +14,11 @@ Pages of 64 keys in 2 stages (today) or of 32 keys in 4 stages (same shared memo
 the FLOPs at the SM's share of the dense bf16 rate times an efficiency; softmax, barrier and load latency
 are fitted to four measured points of session 18 (128 rows: one page per CTA of two that share it through
 L2; 64 rows: every page from HBM), then the untried variants are predicted. A model, not a measurement:
-it says which variant is worth writing, not by how much it will win.
+it says which variant is worth writing, not by how much it will win. Its one prediction put to the test
+failed: the seesaw over 32-key stages, 1.17-1.63x here, ran at 0.84-0.94x at 128 rows on the H200 (session
+19). The model has no instruction issue and no shared-memory traffic, and halves the fitted per-step CUDA-core
+time with the step, while the kernel paid 1.8x the instructions and 1.27x the shared-memory wavefronts of the
+default order for the same tensor work.
 
     python flashmla/benchmarks/pipeline_model_cpu.py [--json PATH]
 """
