@@ -128,20 +128,26 @@ struct Shift {
   }
 };
 
+// Three independent crc32 streams over the three stripes at p, from registers a, b and c.
+__attribute__((target("sse4.2"))) inline void crc_3stripes(const uint8_t* p, uint64_t& a, uint64_t& b,
+                                                          uint64_t& c) {
+  for (size_t i = 0; i < kStripe; i += 8) {
+    uint64_t wa, wb, wc;
+    std::memcpy(&wa, p + i, 8);
+    std::memcpy(&wb, p + kStripe + i, 8);
+    std::memcpy(&wc, p + 2 * kStripe + i, 8);
+    a = __builtin_ia32_crc32di(a, wa);
+    b = __builtin_ia32_crc32di(b, wb);
+    c = __builtin_ia32_crc32di(c, wc);
+  }
+}
+
 __attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
   if (n >= 256 && have_fold()) return crc_fold(crc, p, n);
   static const Shift shift;
   while (n >= 3 * kStripe) {
     uint64_t a = crc, b = 0, c = 0;
-    for (size_t i = 0; i < kStripe; i += 8) {
-      uint64_t wa, wb, wc;
-      std::memcpy(&wa, p + i, 8);
-      std::memcpy(&wb, p + kStripe + i, 8);
-      std::memcpy(&wc, p + 2 * kStripe + i, 8);
-      a = __builtin_ia32_crc32di(a, wa);
-      b = __builtin_ia32_crc32di(b, wb);
-      c = __builtin_ia32_crc32di(c, wc);
-    }
+    crc_3stripes(p, a, b, c);
     uint32_t r = shift(static_cast<uint32_t>(a)) ^ static_cast<uint32_t>(b);
     crc = shift(r) ^ static_cast<uint32_t>(c);
     p += 3 * kStripe;
@@ -172,15 +178,7 @@ __attribute__((target("sse4.2"))) uint32_t crc_blocks_hw(const uint8_t* p, size_
   }
   while (n >= 3 * kStripe) {
     uint64_t a = ~0u, b = ~0u, c = ~0u;
-    for (size_t i = 0; i < kStripe; i += 8) {
-      uint64_t wa, wb, wc;
-      std::memcpy(&wa, p + i, 8);
-      std::memcpy(&wb, p + kStripe + i, 8);
-      std::memcpy(&wc, p + 2 * kStripe + i, 8);
-      a = __builtin_ia32_crc32di(a, wa);
-      b = __builtin_ia32_crc32di(b, wb);
-      c = __builtin_ia32_crc32di(c, wc);
-    }
+    crc_3stripes(p, a, b, c);
     uint32_t ra = static_cast<uint32_t>(a), rb = static_cast<uint32_t>(b),
              rc = static_cast<uint32_t>(c);
     *out++ = ~ra;
