@@ -1,4 +1,6 @@
-"""CPU study: the FP8 cache with its scales applied on the tensor-core side, before writing such a kernel.
+"""CPU study: two FP8-cache arithmetics for cheaper dequantisation, before writing such a kernel: the scales
+applied on the tensor-core side ("tc", session 16; written, measured at 0.95-0.98x and removed in session 17),
+and f16 consumers ("f16", session 19, below).
 
 Today's FP8 kernels dequantise every value on the SMs (e4m3 -> f16 -> f32, times its tile's scale, -> bf16:
 about 3 instructions per value, the bound of the swap-AB kernel; BENCHMARKS.md sessions 14-16). The variant
@@ -18,6 +20,14 @@ bf16 hi + lo planes for requests under 1024 keys, as the kernels do); the
 tolerances are the GPU tests' (out 8e-4 abs + 2e-2 rel, cosine > 1 - 1e-5, lse 1e-5 relative). Cases: the
 swap-AB sweep's shapes (batch {1, 7}, 1..4097 keys, <= 32 query rows, causal at s_q > 1) on randn data, plus
 caches whose tiles' magnitudes span 1e-5..3 (flashmla.testing.wide_tile_cache). Not a GPU benchmark.
+
+"f16": S and P V as f16 wgmma, the NoPE part of K = V dequantised as f16(f16(e4m3) * f16(scale)) (one
+cvt.rn.f16x2.e4m3x2 and one HMUL2 per two values, against today's ~6: e4m3 -> f16 -> f32, two FMUL, a bf16
+pack), Q's NoPE part as f16 (a power of two per row against overflow, as "tc"), the RoPE part in bf16 as
+today, P as f16 (hi + lo planes under 1024 keys). A scale that is not a normal f16 or could overflow (448 x
+scale > 65504) is applied in float32 instead (a guarded path). Its oracle is the reference on the cache
+dequantised the same way (f16_dequantized): the lse tolerance of 1e-5 only holds against a reference that
+rounds K as the kernel does, which is also why today's kernels are checked against the bf16-dequantised one.
 
     python flashmla/benchmarks/fp8_tc_scale_cpu.py [--json PATH] [--quick]     (a few minutes on one core)
 """
@@ -44,6 +54,20 @@ def split_cache(k8):
     return e, s, rope.float()
 
 
+def f16_scale(sx):
+    """A tile scale as the "f16" mode applies it: rounded to f16 where it is a normal f16 that cannot overflow
+    an e4m3 value (448 x scale <= 65504), kept in float32 elsewhere (the dequantiser's guarded path)."""
+    ok = (sx >= 2.0 ** -14) & (sx <= F16_MAX / 448)
+    return torch.where(ok, sx.half().float(), sx)
+
+
+def f16_dequantized(k8):
+    """The cache exactly as the "f16" mode sees it (a float32 tensor): NoPE = f16(e4m3 * f16_scale(scale)),
+    RoPE as is: that mode's oracle."""
+    e, s, rope = split_cache(k8)
+    return torch.cat([(e * f16_scale(s.repeat_interleave(128, -1))).half().float(), rope], -1)
+
+
 def emulate(q, k8, bt, sl, causal, mode):
     """out (bf16-rounded, float32) [batch, s_q, h_q, 512] and lse [batch, h_q, s_q] of the kernel arithmetic
     `mode`: "tc" (scales on the tensor-core side, f16 K and P planes) or "today" (bf16 K; bf16 P, hi + lo
@@ -63,13 +87,17 @@ def emulate(q, k8, bt, sl, causal, mode):
         dead = torch.arange(n * 64) >= L   # the dequantisers write zeros there (bytes and scales)
         e[dead], s[dead], rope[dead] = 0.0, 0.0, 0.0
         qb = q[b].reshape(m, d).float()
-        if mode == "tc":
+        if mode != "today":
             # Q NoPE as f16: rows whose magnitude would overflow are scaled down by a power of two
             qmax = qb[:, :512].abs().amax(1)
             qexp = torch.clamp(torch.ceil(torch.log2(qmax.clamp_min(1e-30) / 32768.0)), min=0.0)
             qn = (qb[:, :512] * torch.exp2(-qexp)[:, None]).half().float()
             k16 = e.half().float()          # exact: every e4m3 value is an f16 value
-        else:
+        if mode == "f16":
+            # f16 consumers: K = V = f16(f16(e4m3) * f16(scale)), i.e. cvt.rn.f16x2.e4m3x2 and one HMUL2 per
+            # two values (float32 scale and product where the scale is not a safe f16: f16_scale)
+            kh = (k16 * f16_scale(s.repeat_interleave(128, 1))).half().float()
+        elif mode == "today":
             kb = torch.cat([(e.view(-1, 4, 128) * s[..., None]).flatten(1), rope], 1).bfloat16().float()
         lim = torch.full((m,), L)
         if causal:
@@ -80,7 +108,9 @@ def emulate(q, k8, bt, sl, causal, mode):
         rg = torch.zeros(4)             # running maximum of each tile's scales
         for p0 in range(0, n * 64, 64):
             sl_ = slice(p0, p0 + 64)
-            if mode == "tc":
+            if mode == "f16":
+                sp = (kh[sl_] @ qn.T) * torch.exp2(qexp)[None] + rope[sl_] @ qb[:, 512:].T
+            elif mode == "tc":
                 acc = torch.stack([k16[sl_, g * 128:(g + 1) * 128] @ qn[:, g * 128:(g + 1) * 128].T for g in range(4)])
                 sp = (acc * s[sl_].T[:, :, None]).sum(0) * torch.exp2(qexp)[None] + rope[sl_] @ qb[:, 512:].T
             else:
@@ -103,6 +133,10 @@ def emulate(q, k8, bt, sl, causal, mode):
                         continue
                     plane = (p * (s[sl_, g] / rg[g])[:, None]).half().float()       # [64, m], in [0, 1]
                     o[g] = o[g] * (alpha[None] * ratio[g]) + k16[sl_, g * 128:(g + 1) * 128].T @ plane
+            elif mode == "f16":
+                hi = p.half().float()
+                pr = hi + (p - hi).half().float() if L < 1024 else hi
+                o = o * alpha[None] + kh[sl_].T @ pr
             else:
                 hi = p.bfloat16().float()
                 pr = hi + (p - hi).bfloat16().float() if L < 1024 else hi
@@ -136,7 +170,8 @@ def main():
     heads = [(16, 1), (32, 1), (8, 2)] if args.quick else [(1, 1), (8, 1), (16, 1), (32, 1), (8, 2), (16, 2), (5, 3)]
     cases = [(batch, L, hq, sq, data) for batch, L, (hq, sq), data in
              itertools.product([1, 7], lens_set, heads, ["randn", "wide"])]
-    names = [("tc", "bf16ref"), ("tc", "fp32"), ("today", "bf16ref"), ("today", "fp32")]
+    modes = ("tc", "f16", "today")
+    names = [(a, b) for a in modes for b in ("bf16ref", "fp32", "f16ref")]
     res = {f"{a} vs {b}": dict(failing_cases=0, bad_elements=0, max_one_minus_cos=0.0, max_lse_rel=0.0)
            for a, b in names}
     per_data = {d: {k: 0 for k in res} for d in ("randn", "wide")}
@@ -150,8 +185,9 @@ def main():
             kc = wide_tile_cache(kc, seed)
         k8 = quantize_kvcache(kc)
         refs = {"bf16ref": ref.mla_decode_ref(q, dequantize_kvcache(k8), bt, sl, 512, causal=causal),
-                "fp32": ref.mla_decode_ref(q, dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=causal)}
-        outs = {mode: emulate(q, k8, bt, sl, causal, mode) for mode in ("tc", "today")}
+                "fp32": ref.mla_decode_ref(q, dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=causal),
+                "f16ref": ref.mla_decode_ref(q, f16_dequantized(k8), bt, sl, 512, causal=causal)}
+        outs = {mode: emulate(q, k8, bt, sl, causal, mode) for mode in modes}
         for a, b in names:
             bad, omc, lerr = compare(*outs[a], *refs[b])
             r = res[f"{a} vs {b}"]

@@ -98,10 +98,10 @@ def test_ncu_source_summary_reads_a_source_view(tmp_path):
 
 
 def test_fp8_tensor_core_scale_study():
-    """benchmarks/fp8_tc_scale_cpu.py (the arithmetic of an FP8 kernel that applies the scales on the tensor-core
-    side) on a short and a multi-page request with tiles over 5.5 decades: within the GPU tests' tolerances of the
-    float32-dequantised reference, as today's arithmetic is of the bf16-dequantised one; each misses the other's
-    oracle (bf16 K moves S by ~2^-9 relative), which is why such a kernel is checked against the float32 one."""
+    """benchmarks/fp8_tc_scale_cpu.py (FP8 arithmetics: scales on the tensor-core side, f16 consumers, today's)
+    on a short and a multi-page request with tiles over 5.5 decades: the tensor-core one within the GPU tests'
+    tolerances of the float32-dequantised reference, the f16 one of the reference on its own f16 dequantisation,
+    today's of the bf16-dequantised one; each misses another's oracle (bf16 K moves S by ~2^-9 relative)."""
     st = _bench_module("fp8_tc_scale_cpu")
     import torch
 
@@ -112,10 +112,11 @@ def test_fp8_tensor_core_scale_study():
     k8 = quantize_kvcache(wide_tile_cache(kc, 5))
     fp32 = ref.mla_decode_ref(q, dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=True)
     bf16 = ref.mla_decode_ref(q, dequantize_kvcache(k8), bt, sl, 512, causal=True)
-    tc, today = (st.emulate(q, k8, bt, sl, True, mode) for mode in ("tc", "today"))
-    for (bad, omc, lerr) in (st.compare(*tc, *fp32), st.compare(*today, *bf16)):
+    f16 = ref.mla_decode_ref(q, st.f16_dequantized(k8), bt, sl, 512, causal=True)
+    tc, h, today = (st.emulate(q, k8, bt, sl, True, mode) for mode in ("tc", "f16", "today"))
+    for (bad, omc, lerr) in (st.compare(*tc, *fp32), st.compare(*h, *f16), st.compare(*today, *bf16)):
         assert bad == 0 and omc < 1e-5 and lerr < 1e-5, (bad, omc, lerr)
-    assert st.compare(*tc, *bf16)[0] > 0 and st.compare(*today, *fp32)[0] > 0
+    assert st.compare(*tc, *bf16)[0] > 0 and st.compare(*today, *fp32)[0] > 0 and st.compare(*h, *bf16)[0] > 0
 
 
 def _nvcc():
