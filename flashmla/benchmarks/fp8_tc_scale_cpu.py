@@ -23,7 +23,8 @@ caches whose tiles' magnitudes span 1e-5..3 (flashmla.testing.wide_tile_cache). 
 
 "f16": S and P V as f16 wgmma, the NoPE part of K = V dequantised as f16(f16(e4m3) * f16(scale)) (one
 cvt.rn.f16x2.e4m3x2 and one HMUL2 per two values, against today's ~6: e4m3 -> f16 -> f32, two FMUL, a bf16
-pack), Q's NoPE part as f16 (a power of two per row against overflow, as "tc"), the RoPE part in bf16 as
+pack), Q's NoPE part as f16 (a power of two per row against overflow, as "tc"; the kernel written on the branch
+s19-fp8-f16 takes one per 64-row tile), the RoPE part in bf16 as
 today, P as f16 (hi + lo planes under 1024 keys). A scale that is not a normal f16 or could overflow (448 x
 scale > 65504) is applied in float32 instead (a guarded path). Its oracle is the reference on the cache
 dequantised the same way (f16_dequantized): the lse tolerance of 1e-5 only holds against a reference that
@@ -70,7 +71,7 @@ def f16_dequantized(k8):
 
 def emulate(q, k8, bt, sl, causal, mode):
     """out (bf16-rounded, float32) [batch, s_q, h_q, 512] and lse [batch, h_q, s_q] of the kernel arithmetic
-    `mode`: "tc" (scales on the tensor-core side, f16 K and P planes) or "today" (bf16 K; bf16 P, hi + lo
+    `mode`: "tc" (scales on the tensor-core side, f16 K and P planes), "f16" (f16 consumers) or "today" (bf16 K; bf16 P, hi + lo
     planes under 1024 keys)."""
     batch, s_q, h_q, d = q.shape
     m = s_q * h_q
