@@ -71,8 +71,8 @@ def f16_dequantized(k8):
 
 def emulate(q, k8, bt, sl, causal, mode):
     """out (bf16-rounded, float32) [batch, s_q, h_q, 512] and lse [batch, h_q, s_q] of the kernel arithmetic
-    `mode`: "tc" (scales on the tensor-core side, f16 K and P planes), "f16" (f16 consumers) or "today" (bf16 K; bf16 P, hi + lo
-    planes under 1024 keys)."""
+    `mode`: "tc" (scales on the tensor-core side, f16 K and P planes), "f16" (f16 consumers) or "today"
+    (bf16 K; bf16 P, hi + lo planes under 1024 keys)."""
     batch, s_q, h_q, d = q.shape
     m = s_q * h_q
     out = torch.zeros(batch, s_q, h_q, 512)
