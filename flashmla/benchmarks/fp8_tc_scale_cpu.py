@@ -55,18 +55,20 @@ def split_cache(k8):
     return e, s, rope.float()
 
 
-def f16_scale(sx):
-    """A tile scale as the "f16" mode applies it: rounded to f16 where it is a normal f16 that cannot overflow
-    an e4m3 value (448 x scale <= 65504), kept in float32 elsewhere (the dequantiser's guarded path)."""
-    ok = (sx >= 2.0 ** -14) & (sx <= F16_MAX / 448)
-    return torch.where(ok, sx.half().float(), sx)
+def f16_nope(e, s):
+    """NoPE values e [..., 512] with tile scales s [..., 4] as the "f16" mode computes them (float32 tensor):
+    f16(e4m3 * scale), the scale rounded to f16 where it is a normal f16 that cannot overflow an e4m3 value
+    (448 x scale <= 65504), kept in float32 elsewhere (the dequantiser's guarded path)."""
+    sx = s.repeat_interleave(128, -1)
+    sx = torch.where((sx >= 2.0 ** -14) & (sx <= F16_MAX / 448), sx.half().float(), sx)
+    return (e * sx).half().float()
 
 
 def f16_dequantized(k8):
-    """The cache exactly as the "f16" mode sees it (a float32 tensor): NoPE = f16(e4m3 * f16_scale(scale)),
-    RoPE as is: that mode's oracle."""
+    """The cache exactly as the "f16" mode sees it (a float32 tensor), NoPE by f16_nope and RoPE as is: that
+    mode's oracle."""
     e, s, rope = split_cache(k8)
-    return torch.cat([(e * f16_scale(s.repeat_interleave(128, -1))).half().float(), rope], -1)
+    return torch.cat([f16_nope(e, s), rope], -1)
 
 
 def emulate(q, k8, bt, sl, causal, mode):
@@ -96,8 +98,8 @@ def emulate(q, k8, bt, sl, causal, mode):
             k16 = e.half().float()          # exact: every e4m3 value is an f16 value
         if mode == "f16":
             # f16 consumers: K = V = f16(f16(e4m3) * f16(scale)), i.e. cvt.rn.f16x2.e4m3x2 and one HMUL2 per
-            # two values (float32 scale and product where the scale is not a safe f16: f16_scale)
-            kh = (k16 * f16_scale(s.repeat_interleave(128, 1))).half().float()
+            # two values (float32 scale and product where the scale is not a safe f16)
+            kh = f16_nope(e, s)
         elif mode == "today":
             kb = torch.cat([(e.view(-1, 4, 128) * s[..., None]).flatten(1), rope], 1).bfloat16().float()
         lim = torch.full((m,), L)
