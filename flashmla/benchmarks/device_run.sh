@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call that validates and measures flashmla's defaults on a CUDA machine (H200):
-#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab]   (from the repository root; ~570 s)
+#   bash flashmla/benchmarks/device_run.sh OUTDIR [ab|fp8f16]   (from the repository root; ~570 s)
 # default mode:
 #   1. builds flashmla with CUDA;
 #   2. smoke tests under a 60 s bound each, so that a hang or a crash drops only that kernel from the
@@ -15,6 +15,9 @@
 #   auto+FLASHMLA_SPLIT_OVH=5 is the same code again: the noise floor), after the scheduler's GPU tests:
 #   bench_ab (BF16, memory-bound shapes, uniform and ragged; AB_SHAPES overrides) and bench_ab_fp8
 #   (FP8 cache at h_q 16/32, where 16384 keys schedule differently under 3/5/8), 3 rounds each.
+# fp8f16 mode (branch s19-fp8-f16): FLASHMLA_FP8_F16=1 (the FP8 wgmma kernel with f16 consumers): its smoke test under
+#   60 s, the FP8 GPU tests (all FP8 kernels, the new f16 ones included), then bench_fp8f16: the FP8 cache at h_q
+#   48/64/128 under auto and wgmma+FLASHMLA_FP8_F16=1 beside the BF16 cache, 3 rounds.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -62,6 +65,13 @@ t0=$(date +%s)
 "$PY" -m pip install -v --no-build-isolation --no-deps ./flashmla >"$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+if [ "${2:-}" = fp8f16 ]; then
+  smoke smoke_fp8f16 "test_fp8_f16_consumers and randn" || exit 1
+  gpu_tests 200 -k "fp8 or unknown_kernel"
+  bench bench_fp8f16 "$(left)" --no-peers --rounds 3 --fp8 --fp8-only --kernels auto --fp8-heads 48,64,128 \
+    --fp8-kernels "auto,wgmma+FLASHMLA_FP8_F16=1"
+  exit 0
+fi
 if [ "${2:-}" = ab ]; then
   # the scheduler's GPU tests (metadata kernel = ref.schedule_ref under several c; decodes under 0/5/64)
   gpu_tests 120 -k "metadata_matches_reference or split_overhead"

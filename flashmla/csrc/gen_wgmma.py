@@ -6,7 +6,7 @@ The operand lists (32, 64 and 128 fp32 accumulators) are too long to write by ha
 """
 
 
-def wrapper(name: str, n: int, trans_b: int, halves: bool = False) -> str:
+def wrapper(name: str, n: int, trans_b: int, halves: bool = False, ab: str = "bf16") -> str:
     regs = n // 2  # fp32 accumulators per thread of an m64nN tile
     acc = ", ".join(f"%{i}" for i in range(regs))
     ops = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
@@ -15,13 +15,13 @@ def wrapper(name: str, n: int, trans_b: int, halves: bool = False) -> str:
         ops = ", ".join(f'"+f"(d{i // (regs // 2)}[{i % (regs // 2)}])' for i in range(regs))
         params = f"float (&d0)[{regs // 2}], float (&d1)[{regs // 2}]"
     return (
-        f"// D[64x{n}] += A[64x16] * B[16x{n}], bf16 in, fp32 accumulate; A, B from shared memory\n"
+        f"// D[64x{n}] += A[64x16] * B[16x{n}], {ab} in, fp32 accumulate; A, B from shared memory\n"
         f"// (descriptors); B is {'MN-major (transposed)' if trans_b else 'K-major'}.\n"
         f"// scale_d = 0 ignores the old D (D = A*B).\n"
         f"__device__ __forceinline__ void {name}({params}, uint64_t da, uint64_t db, int scale_d) {{\n"
         f'  asm volatile(\n'
         f'      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} "\n'
         f'      "{{{acc}}}, "\n'
         f'      "%{regs}, %{regs + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"\n'
         f"      : {ops}\n"
@@ -37,4 +37,8 @@ print("namespace flashmla {\n")
 print(wrapper("wgmma_m64n64k16", 64, 0))
 print(wrapper("wgmma_m64n128k16_tb", 128, 1))
 print(wrapper("wgmma_m64n256k16_tb2", 256, 1, halves=True))
+# f16 operands (the FP8 kernel's f16 consumers, FLASHMLA_FP8_F16=1)
+print(wrapper("wgmma_m64n64k16_f16", 64, 0, ab="f16"))
+print(wrapper("wgmma_m64n128k16_tb_f16", 128, 1, ab="f16"))
+print(wrapper("wgmma_m64n256k16_tb2_f16", 256, 1, halves=True, ab="f16"))
 print("}  // namespace flashmla")

@@ -529,6 +529,10 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* sp = getenv("FLASHMLA_WGMMA_SPLIT");
   a.wg1_cols = sp && sp[0] ? atoi(sp) : kWgmmaWg1Cols;
   if (a.wg1_cols != 128 && a.wg1_cols != 256) return "FLASHMLA_WGMMA_SPLIT must be 128 or 256";
+  // FLASHMLA_FP8_F16=1 (FP8 wgmma kernel, opt-in): f16 consumers (K = V = f16(e4m3 * f16(scale)), Q and P in f16)
+  const char* fh = getenv("FLASHMLA_FP8_F16");
+  a.fp8_f16 = fh && fh[0] ? atoi(fh) : 0;
+  if (a.fp8_f16 != 0 && a.fp8_f16 != 1) return "FLASHMLA_FP8_F16 must be 0 or 1";
   // FLASHMLA_SWAPAB_MAX_ROWS: 16 (opt-out) sends 17..32 FP8 rows back to the mma.sync path (launch.h)
   const int sab_rows = swapab_max_rows();
   if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";

@@ -79,14 +79,74 @@ __device__ __forceinline__ uint32_t dq2(uint32_t two, float sc) {
   const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
   return pack_bf16(f.x * sc, f.y * sc);
 }
+// f16 consumers (FLASHMLA_FP8_F16=1): two e4m3 -> two f16 of f16(value * s), s = f16(sc) where sc is a normal f16
+// that cannot overflow 448 x sc (f16_safe), else sc itself. dq2_f16: one HMUL2 (the product of two f16 is exact
+// before its rounding); dq2_f16_f32: the same value through fp32, for warps with an unsafe scale anywhere
+constexpr float F16_SCALE_MIN = 6.103515625e-05f, F16_SCALE_MAX = 65504.f / 448.f;
+__device__ __forceinline__ bool f16_safe(float sc) { return sc >= F16_SCALE_MIN && sc <= F16_SCALE_MAX; }
+__device__ __forceinline__ uint32_t dq2_f16(uint32_t two, __half2 s2) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&h), s2);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t dq2_f16_f32(uint32_t two, float s) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __half2 r = __floats2half2_rn(f.x * s, f.y * s);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
 
+// f16 consumers: the Q tile (64 x 576 bf16 at uQ, landed on q_full) converted in place by the producer
+// warpgroup: the NoPE slabs 0-7 to f16 and, when |Q| exceeds 2^15 anywhere in the tile, both parts scaled
+// by 2^-E first (exact; WG1 multiplies S by 2^E, read from sQmul); then q_ready
+__device__ __forceinline__ void convert_q(const CtaPart& c, int t, int parity) {
+  mbar_wait(c.bar_qfull, parity);
+  float mx = 0.f;
+  for (int g = t; g < TILE / 16; g += 128) {
+    const uint4 v = ld_shared_v4(c.uQ + g * 16);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((t & 31) == 0) c.sQred[t >> 5] = mx;
+  bar_sync(BAR_PRODUCER, 128);
+  mx = fmaxf(fmaxf(c.sQred[0], c.sQred[1]), fmaxf(c.sQred[2], c.sQred[3]));
+  const int e = mx > 32768.f ? static_cast<int>(fminf(ceilf(log2f(mx / 32768.f)), 126.f)) : 0;  // (inf: 126)
+  const float down = exp2f(static_cast<float>(-e));
+  for (int g = t; g < TILE / 16; g += 128) {
+    const uint4 v = ld_shared_v4(c.uQ + g * 16);
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const bool nope = g * 16 < 8 * SLAB;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      if (nope) {
+        const __half2 h = __floats2half2_rn(f.x * down, f.y * down);
+        w[k] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        w[k] = pack_bf16(f.x * down, f.y * down);
+      }
+    }
+    st_shared_v4(c.uQ + g * 16, w[0], w[1], w[2], w[3]);
+  }
+  if (t == 0) *c.sQmul = exp2f(static_cast<float>(e));
+  fence_async_smem();  // generic-proxy stores -> visible to wgmma
+  mbar_arrive(c.bar_qready);
+}
+
+template <bool F16>
 __global__ void __launch_bounds__(NTHREADS, 1)
     mla_decode_wgmma_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmR,
                                 const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmN) {
   extern __shared__ __align__(16) uint8_t smem_raw[];  // aligned to 1024 in begin_cta
   CtaPart c;
   // full[s]: thread 0's expect_tx + 128 dequant threads + RoPE bytes; raw_full[s]: expect_tx + raw bytes
-  if (!begin_cta(a, smem_raw, 1 + 128, c, true)) return;
+  if (!begin_cta(a, smem_raw, 1 + 128, c, true, F16)) return;
   const uint32_t uQ = c.uQ, uK = c.uK, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
   const int wg = c.wg, t = c.t, m = c.m, row_base = c.row_base;
   const int b0 = c.b0, k0 = c.k0, b1 = c.b1, k1 = c.k1, first = c.first, last = c.last;
@@ -125,6 +185,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
           prefetch_l2_bulk(kc8 + (int64_t)bt[p] * a.kcache_block_stride, FP8_PAGE);
       }
       ++qn;
+      if constexpr (F16) convert_q(c, t, (qn - 1) & 1);
       // block-table entries are read one page ahead (page: this one, next_page: the next), so that a
       // page's loads do not wait on an L2 round trip for its index
       int page = bt[w.kbeg];
@@ -167,8 +228,25 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         auto put = [&](int bx, int i, uint4 v) {
           const float f = r0 + 8 * i < valid ? sc[bx][i] : 0.f;
           const uint32_t row = stage + (4 * bx + (cb >> 2)) * SLAB + (r0 + 8 * i) * 128;
-          st_shared_v4(row + sw0, dq2(v.x & 0xffffu, f), dq2(v.x >> 16, f), dq2(v.y & 0xffffu, f), dq2(v.y >> 16, f));
-          st_shared_v4(row + sw1, dq2(v.z & 0xffffu, f), dq2(v.z >> 16, f), dq2(v.w & 0xffffu, f), dq2(v.w >> 16, f));
+          if constexpr (F16) {
+            const __half2 f2 = __float2half2_rn(f);
+            const bool ok = f16_safe(f) || f == 0.f;
+            if (__all_sync(0xffffffffu, ok)) {  // (a warp-uniform branch: predication would issue both paths)
+              st_shared_v4(row + sw0, dq2_f16(v.x & 0xffffu, f2), dq2_f16(v.x >> 16, f2), dq2_f16(v.y & 0xffffu, f2),
+                           dq2_f16(v.y >> 16, f2));
+              st_shared_v4(row + sw1, dq2_f16(v.z & 0xffffu, f2), dq2_f16(v.z >> 16, f2), dq2_f16(v.w & 0xffffu, f2),
+                           dq2_f16(v.w >> 16, f2));
+            } else {
+              const float se = ok ? __low2float(f2) : f;
+              st_shared_v4(row + sw0, dq2_f16_f32(v.x & 0xffffu, se), dq2_f16_f32(v.x >> 16, se),
+                           dq2_f16_f32(v.y & 0xffffu, se), dq2_f16_f32(v.y >> 16, se));
+              st_shared_v4(row + sw1, dq2_f16_f32(v.z & 0xffffu, se), dq2_f16_f32(v.z >> 16, se),
+                           dq2_f16_f32(v.w & 0xffffu, se), dq2_f16_f32(v.w >> 16, se));
+            }
+          } else {
+            st_shared_v4(row + sw0, dq2(v.x & 0xffffu, f), dq2(v.x >> 16, f), dq2(v.y & 0xffffu, f), dq2(v.y >> 16, f));
+            st_shared_v4(row + sw1, dq2(v.z & 0xffffu, f), dq2(v.z >> 16, f), dq2(v.w & 0xffffu, f), dq2(v.w >> 16, f));
+          }
         };
         // box 0 (in registers) -> slabs 0-3 while box 1's TMA is in flight
 #pragma unroll
@@ -195,7 +273,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 
   // -------------------------------------------------------------------- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
-  run_consumers<false, 256>(a, c);
+  run_consumers<false, 256, F16>(a, c);
 }
 
 }  // namespace
@@ -213,11 +291,11 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream) {
       !make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m) ||
       !make_map(&tmN, a.kcache, D_V, FP8_TOKEN, tokens, CU_TENSOR_MAP_DATA_TYPE_UINT8, 256, CU_TENSOR_MAP_SWIZZLE_NONE))
     return -1;
-  cudaError_t e =
-      cudaFuncSetAttribute(mla_decode_wgmma_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  auto kernel = a.fp8_f16 ? mla_decode_wgmma_fp8_kernel<true> : mla_decode_wgmma_fp8_kernel<false>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   dim3 grid((m + BM - 1) / BM, a.parts);
-  mla_decode_wgmma_fp8_kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmR, tmQ, tmN);
+  kernel<<<grid, NTHREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmR, tmQ, tmN);
   return cudaGetLastError();
 }
 

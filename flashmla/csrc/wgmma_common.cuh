@@ -22,9 +22,11 @@ constexpr int NSLAB = D_QK / 64;         // 9 slabs per page and per Q tile
 constexpr int TILE = NSLAB * SLAB;       // 73728 bytes
 constexpr int BM = 64, NTHREADS = 384;
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
-// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty; the FP8 kernel adds raw_full[2]), alpha[2][64], inv[2][64]
-constexpr int MISC = 64 + 4 * 64 * 4;
+// misc: 6 mbarriers (full[2], empty[2], q_full, q_empty; the FP8 kernel adds raw_full[2]), alpha[2][64], inv[2][64],
+// then 64 bytes for the FP8 kernel's f16 consumers: q_ready (mbarrier), Q's scale 2^E, 4 floats of scratch
+constexpr int MISC = 64 + 4 * 64 * 4 + 64;
 constexpr int OFF_RAW_FULL = 48;  // FP8 kernel: raw_full[2] mbarriers at uBar + 48, + 56 (after the 6 above)
+constexpr int OFF_QREADY = 64 + 4 * 64 * 4, OFF_QMUL = OFF_QREADY + 8, OFF_QRED = OFF_QREADY + 16;
 constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
 // named barriers (0 is __syncthreads); P_FULL alternates by page parity so that WG1 can arrive for
@@ -117,7 +119,9 @@ __device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0,
 // One CTA of either wgmma kernel: its shared-memory addresses (the same layout in both), its thread,
 // its 64 query rows and its scheduler part [b0/k0, b1/k1).
 struct CtaPart {
-  uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty;
+  uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty, bar_qready;
+  float* sQmul;   // f16 consumers: 2^E, Q's NoPE and RoPE parts were scaled by 2^-E (producer -> WG1)
+  float* sQred;   // [4] f16 consumers: the producer warps' maxima of |Q|
   float* sAlpha;  // [2][64] row rescale factors by parity of the page (WG1 -> WG2)
   float* sInv;    // [2][64] 1/l by parity of the request (WG1 -> WG2)
   int tid, wg, t, m, row_base, b0, k0, b1, k1, first, last;
@@ -127,13 +131,16 @@ struct CtaPart {
 // Otherwise thread 0 initialises the mbarriers (full[s] completing on full_arrivals arrivals plus the
 // transaction bytes) and the CTA syncs.
 __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw, int full_arrivals, CtaPart& c,
-                                          bool raw_full = false) {
+                                          bool raw_full = false, bool q_ready = false) {
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023) & ~1023u;  // dynamic shared memory aligned to 1024 here
   c.uQ = base + OFF_Q, c.uK = base + OFF_K, c.uPlo = base + OFF_PLO, c.uBar = base + OFF_MISC;
   c.bar_qfull = c.uBar + 32, c.bar_qempty = c.uBar + 40;
   c.sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + 64);
   c.sInv = c.sAlpha + 2 * BM;
+  c.bar_qready = c.uBar + OFF_QREADY;
+  c.sQmul = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + OFF_QMUL);
+  c.sQred = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + OFF_QRED);
   c.tid = threadIdx.x, c.wg = c.tid >> 7, c.t = c.tid & 127;
   c.m = a.s_q * a.h_q, c.row_base = blockIdx.x * BM;
   const int* meta = a.meta + blockIdx.y * 8;
@@ -151,6 +158,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
       mbar_init(c.uBar + OFF_RAW_FULL, 1);
       mbar_init(c.uBar + OFF_RAW_FULL + 8, 1);
     }
+    if (q_ready) mbar_init(c.bar_qready, 128);  // f16 consumers: the producer warpgroup converted Q
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_async_smem();
   }
@@ -175,11 +183,18 @@ __device__ __forceinline__ void rescale_rows(float (&o)[NB][64], float al0, floa
 }
 // O[:, blocks] += P[:, 16 keys] V[16 keys, blocks]: pairs of blocks as one n256 wgmma, an odd last
 // block as n128. dv addresses the warpgroup's first V slab (128 columns = 2 slabs, SLAB bytes apart).
-template <int NB>
+// F16: P and V as f16 (the FP8 kernel's f16 consumers), else bf16.
+template <int NB, bool F16 = false>
 __device__ __forceinline__ void pv_step(float (&o)[NB][64], uint64_t dp, uint64_t dv) {
 #pragma unroll
-  for (int b = 0; b + 1 < NB; b += 2) wgmma_m64n256k16_tb2(o[b], o[b + 1], dp, dv + ((b * 2 * SLAB) >> 4), 1);
-  if constexpr (NB & 1) wgmma_m64n128k16_tb(o[NB - 1], dp, dv + (((NB - 1) * 2 * SLAB) >> 4), 1);
+  for (int b = 0; b + 1 < NB; b += 2) {
+    if constexpr (F16) wgmma_m64n256k16_tb2_f16(o[b], o[b + 1], dp, dv + ((b * 2 * SLAB) >> 4), 1);
+    else wgmma_m64n256k16_tb2(o[b], o[b + 1], dp, dv + ((b * 2 * SLAB) >> 4), 1);
+  }
+  if constexpr (NB & 1) {
+    if constexpr (F16) wgmma_m64n128k16_tb_f16(o[NB - 1], dp, dv + (((NB - 1) * 2 * SLAB) >> 4), 1);
+    else wgmma_m64n128k16_tb(o[NB - 1], dp, dv + (((NB - 1) * 2 * SLAB) >> 4), 1);
+  }
 }
 
 // keys of request w each of this thread's two rows sees: all, or under causal masking those up to its own
@@ -192,7 +207,9 @@ __device__ __forceinline__ void key_limits(const DecodeArgs& a, const Work& w, i
     lim[h] = (a.causal && rg < m) ? min(w.L, w.L - a.s_q + 1 + rg / a.h_q) : w.L;
   }
 }
-// S = Q K^T of the page in stage uKs into sacc: 36 k-steps of 16 over the 9 slabs (committed, not waited)
+// S = Q K^T of the page in stage uKs into sacc: 36 k-steps of 16 over the 9 slabs (committed, not waited).
+// F16: the NoPE slabs 0-7 of Q and K hold f16 (the RoPE slab stays bf16)
+template <bool F16 = false>
 __device__ __forceinline__ void issue_s(uint32_t uQ, uint32_t uKs, float (&sacc)[32]) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
@@ -202,7 +219,8 @@ __device__ __forceinline__ void issue_s(uint32_t uQ, uint32_t uKs, float (&sacc)
 #pragma unroll
   for (int kk = 0; kk < D_QK / 16; ++kk) {
     const uint32_t off = ((kk >> 2) * SLAB + (kk & 3) * 32) >> 4;
-    wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
+    if (F16 && kk < 32) wgmma_m64n64k16_f16(sacc, dq + off, dk + off, 1);
+    else wgmma_m64n64k16(sacc, dq + off, dk + off, 1);
   }
   wgmma_commit();
 }
@@ -237,7 +255,7 @@ __device__ __forceinline__ void zero_v_tail(uint32_t uKs, int valid, int t) {
   }
 }
 // P = exp2(S - muse) as bf16 hi (LO: and lo) planes in 128B-swizzled K-major slabs; P row sums into lrow
-template <bool LO>
+template <bool LO, bool F16 = false>
 __device__ __forceinline__ void write_p_planes(uint32_t uPhi, uint32_t uPlo, const float (&sacc)[32], const float (&muse)[2],
                                                const int (&r_loc)[2], int cq, float (&lrow)[2]) {
 #pragma unroll
@@ -246,10 +264,17 @@ __device__ __forceinline__ void write_p_planes(uint32_t uPhi, uint32_t uPlo, con
     for (int h = 0; h < 2; ++h) {
       const float p0 = exp2_ftz(sacc[i * 4 + 2 * h] - muse[h]), p1 = exp2_ftz(sacc[i * 4 + 2 * h + 1] - muse[h]);
       lrow[h] += p0 + p1;
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
       const uint32_t off = swz128(r_loc[h], i * 8 + 2 * cq);
-      st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
-      if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+      if constexpr (F16) {
+        const __half2 hi = __floats2half2_rn(p0, p1);
+        st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+        const __half2 lo = __floats2half2_rn(p0 - __low2float(hi), p1 - __high2float(hi));
+        if (LO) st_shared_u32(uPlo + off, *reinterpret_cast<const uint32_t*>(&lo));
+      } else {
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+        st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
+        if (LO) st_shared_u32(uPlo + off, pack_bf16(p0 - __low2float(hi), p1 - __high2float(hi)));
+      }
     }
 }
 // the running max rarely moves on long requests: skip the rescale when it did not for any row of the
@@ -260,7 +285,7 @@ __device__ __forceinline__ void rescale_if_moved(float (&o)[NB][64], const float
 }
 // O[:, 64 vslab ..] += (P_hi + P_lo) V of the page in stage uKs (P_hi in its RoPE slab, P_lo at uPlo), V from
 // slab vslab on as MN-major B (committed, not waited)
-template <bool LO, int NB>
+template <bool LO, bool F16 = false, int NB>
 __device__ __forceinline__ void issue_pv_page(float (&o)[NB][64], uint32_t uKs, int vslab, uint32_t uPlo) {
 #pragma unroll
   for (int j = 0; j < NB; ++j) fence_regs(o[j]);
@@ -268,8 +293,8 @@ __device__ __forceinline__ void issue_pv_page(float (&o)[NB][64], uint32_t uKs, 
   const uint64_t dv = desc_mnmajor(uKs + vslab * SLAB), dhi = desc_kmajor(uKs + 8 * SLAB), dlo = desc_kmajor(uPlo);
 #pragma unroll
   for (int ks = 0; ks < PAGE / 16; ++ks) {  // 16 keys: 2 groups of 8 rows (2048 bytes) of V, 32 bytes of P
-    pv_step(o, dhi + ks * 2, dv + ks * 128);
-    if (LO) pv_step(o, dlo + ks * 2, dv + ks * 128);
+    pv_step<NB, F16>(o, dhi + ks * 2, dv + ks * 128);
+    if (LO) pv_step<NB, F16>(o, dlo + ks * 2, dv + ks * 128);
   }
   wgmma_commit();
 }
@@ -317,7 +342,9 @@ __device__ __forceinline__ void store_row(const DecodeArgs& a, const Work& w, in
 // kernel's dequantising warps write zeros there themselves). W1: the O columns of WG1 (above).
 // Hand-over per page (WG1 never waits for WG2): P_hi lives in the page's own stage (RoPE slab), alpha in a buffer per page
 // parity, so only P_lo needs WG2 to be done before WG1 overwrites it (P_EMPTY, hi/lo pages only).
-template <bool ZERO_TAIL, int W1>
+// F16 (FP8 kernel, FLASHMLA_FP8_F16=1): Q's NoPE part, the dequantised K = V and P are f16; WG1 waits for
+// q_ready (the producer's conversion of Q, scaled by 2^-E) instead of q_full, and scales S by 2^E.
+template <bool ZERO_TAIL, int W1, bool F16 = false>
 __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart& c) {
   static_assert(W1 == 128 || W1 == 256, "WG1 owns 128 or 256 of the 512 O columns");
   const uint32_t uQ = c.uQ, uK = c.uK, uPlo = c.uPlo, uBar = c.uBar, bar_qfull = c.bar_qfull, bar_qempty = c.bar_qempty;
@@ -355,9 +382,10 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       auto wait_full = [&](int i) { mbar_wait(uBar + 8 * (i & 1), (i >> 1) & 1); };
 
       // ---- mask, exp2-domain scale, running max and alpha of page blk; l rescaled
+      float sl2 = scale_log2;  // S to the exp2 domain (f16 consumers: times Q's 2^E, set below)
       auto softmax = [&](int blk, float (&sacc)[32], float (&al)[2], float (&muse)[2]) {
         float mx[2] = {NEG_INF, NEG_INF};
-        scale_mask_max(sacc, blk, cq, lim, scale_log2, mx);
+        scale_mask_max(sacc, blk, cq, lim, sl2, mx);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -383,7 +411,8 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         bar_arrive(bar_p_full(i), 256);
         bar_sync(BAR_WG1_ONLY, 128);
       };
-      if (has_pages && CH == 0) mbar_wait(bar_qfull, qn & 1);
+      if (has_pages && CH == 0) mbar_wait(F16 ? c.bar_qready : bar_qfull, qn & 1);
+      if (F16 && CH == 0 && has_pages) sl2 = scale_log2 * *c.sQmul;  // (read after the wait)
       qn += has_pages;
       if constexpr (CH == 1) {
         for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
@@ -391,7 +420,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           bar_sync(bar_p_full(it), 256);
           const float al[2] = {sAlpha[(it & 1) * BM + r_loc[0]], sAlpha[(it & 1) * BM + r_loc[1]]};
           rescale_if_moved(o, al);
-          issue_pv_page<LO>(o, stage(it), COL0 / 64, uPlo);
+          issue_pv_page<LO, F16>(o, stage(it), COL0 / 64, uPlo);
           wait_pv(o);
           if (LO) bar_arrive(BAR_P_EMPTY, 256);
           // the last page's stage is released after the epilogue has read 1/l (below): that keeps WG1,
@@ -403,7 +432,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           const uint32_t uKs = stage(it);
           wait_full(it);
           float sacc[32], al[2], muse[2];
-          issue_s(uQ, uKs, sacc);
+          issue_s<F16>(uQ, uKs, sacc);
           wgmma_wait0();
           fence_regs(sacc);
           if (blk == w.kend - 1) mbar_arrive(bar_qempty);
@@ -411,10 +440,10 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           zero_tail(blk, uKs);
           if (LO && lo_pages > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo of the last hi/lo page
           lo_pages += LO;
-          write_p_planes<LO>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
+          write_p_planes<LO, F16>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
           publish(it, al);
           rescale_if_moved(o, al);
-          issue_pv_page<LO>(o, uKs, COL0 / 64, uPlo);
+          issue_pv_page<LO, F16>(o, uKs, COL0 / 64, uPlo);
           wait_pv(o);
           mbar_arrive(uBar + 16 + 8 * (it & 1));
         }

@@ -48,11 +48,12 @@ def test_bf16_wgmma_layout_model_is_consistent():
 
 
 def test_fp8_wgmma_protocol_model_passes_and_catches_mutants():
-    """CPU model of the FP8 wgmma kernel's mbarrier protocol (csrc/models/): the kernel's protocol
-    passes over random schedules, and each deliberately broken count, wait or order is caught."""
+    """CPU model of the FP8 wgmma kernel's mbarrier protocol (csrc/models/), with bf16 and with f16 consumers
+    (FLASHMLA_FP8_F16=1: Q converted by the producer, q_ready): the kernel's protocol passes over random
+    schedules, and each deliberately broken count, wait or order is caught."""
     res = _model("wgmma_fp8_protocol_model.py", "--trials", "400", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 6 mutants caught" in res.stdout
+    assert "all 9 mutants caught" in res.stdout
 
 
 def test_fp8_wgmma_layout_model_passes_and_catches_mutants():

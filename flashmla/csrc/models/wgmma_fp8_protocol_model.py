@@ -12,8 +12,11 @@ arrivals plus the RoPE bytes; empty[s] 256 (both consumer warpgroups). Checks, o
 mixes and interleavings: no deadlock, every read sees the version it expects from start to end (the
 raw bytes, each box-0 share, the slabs 4-7, the RoPE/P_hi slab, P_lo, Q, the row scales and 1/l), no
 double arrival at a named barrier, no store into a buffer a copy is landing in. `--mutants` breaks
-one count, wait or order at a time and asserts the model catches each. Update together with the
-kernel. ~3 s:
+one count, wait or order at a time and asserts the model catches each. With f16 consumers
+(FLASHMLA_FP8_F16=1, `f16`): after Q lands every share reads its part of Q and stores its maximum (sQred),
+the producer warpgroup syncs, every share reads all maxima and converts its part of Q in place, thread 0
+stores 2^E (sQmul), and each share arrives on q_ready (128 arrivals), which WG1 waits for instead of q_full
+before it reads Q and 2^E. Update together with the kernel. ~6 s:
 
     python flashmla/csrc/models/wgmma_fp8_protocol_model.py [--trials N] [--mutants]
 """
@@ -24,12 +27,14 @@ from sim import MBar, NBar, expect_caught, random_mixes, simulate
 SHARES = (("T0", 1), ("D1", 64), ("D2", 63))  # dequantising threads and their mbarrier arrivals
 
 
-def run(reqs, seed, mut=None):
+def run(reqs, seed, mut=None, f16=False):
     rnd = random.Random(seed)
     full_count = 128 if mut == "full_count_128" else 129
     empty_count = 128 if mut == "empty_count_128" else 256
     mb = {**{f"full{i}": MBar(full_count) for i in range(2)}, **{f"empty{i}": MBar(empty_count) for i in range(2)},
-          **{f"raw{i}": MBar(1) for i in range(2)}, "qfull": MBar(1), "qempty": MBar(128)}
+          **{f"raw{i}": MBar(1) for i in range(2)}, "qfull": MBar(1), "qempty": MBar(128),
+          "qready": MBar(127 if mut == "qready_count_127" else 128)}
+    qparts = [f"Q.{n}" for n, _ in SHARES] if f16 else ["Q"]  # f16: each share converts its part of Q
     nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
     nb["PROD"] = NBar("PROD", parties=len(SHARES))
 
@@ -46,12 +51,27 @@ def run(reqs, seed, mut=None):
         else:
             yield ("write", f"Hi{s}.{name}", ("K", it)); yield ("arrive", f"full{s}", weight)
 
+    def convert_q(name, weight, r, qn):  # f16 consumers: this share's part of convert_q for request r
+        yield ("wait", "qfull", qn & 1)
+        yield ("rbeg", f"Q.{name}", ("Q", r)); yield ("rend", f"Q.{name}", ("Q", r))
+        yield ("write", f"Red.{name}", ("R", r))
+        if mut != "no_reduction_barrier":
+            yield ("nsync", "PROD")
+        for n, _ in SHARES:
+            yield ("rbeg", f"Red.{n}", ("R", r)); yield ("rend", f"Red.{n}", ("R", r))
+        yield ("write", f"Q.{name}", ("Qc", r))
+        if name == "T0": yield ("write", "Mul", ("M", r))
+        yield ("arrive", "qready", weight)
+
     def t0():  # producer thread 0: TMA of Q, the raw NoPE and the RoPE, and its share of the dequantisation
         it = qn = 0
         for r, (npg, _) in enumerate(reqs):
             if npg == 0: continue
             yield ("wait", "qempty", (qn & 1) ^ 1)
-            yield ("expect", "qfull", 1); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
+            yield ("expect", "qfull", len(qparts))
+            for b in qparts: yield ("tma", b, ("Q", r), "qfull")
+            if f16: yield from convert_q("T0", 1, r, qn)
+            qn += 1
             for _ in range(npg):
                 s = it & 1
                 raw = [("expect", f"raw{s}", len(SHARES))] + [("tma", f"Hi{s}.{n}", ("raw", it), f"raw{s}") for n, _ in SHARES]
@@ -63,8 +83,10 @@ def run(reqs, seed, mut=None):
                 it += 1
 
     def dq(name, weight):  # dequantising threads (one group of `weight` threads)
-        it = 0
+        it = qn = 0
         for r, (npg, _) in enumerate(reqs):
+            if f16 and npg:
+                yield from convert_q(name, weight, r, qn); qn += 1
             for _ in range(npg):
                 s = it & 1
                 yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
@@ -80,11 +102,14 @@ def run(reqs, seed, mut=None):
     def wg1():  # the shared consumers (wgmma_common.cuh, plain order: the FP8 kernel runs PIPE=false)
         it = qn = rq = lo_pages = 0
         for r, (npg, lo) in enumerate(reqs):
-            if npg: yield ("wait", "qfull", qn & 1); qn += 1
+            qv = ("Qc", r) if f16 else ("Q", r)
+            if npg:
+                yield ("wait", "qready" if f16 and mut != "wg1_waits_qfull" else "qfull", qn & 1); qn += 1
+                if f16: yield ("rbeg", "Mul", ("M", r)); yield ("rend", "Mul", ("M", r))
             for j in range(npg):
                 s = it & 1
                 yield ("wait", f"full{s}", (it >> 1) & 1)
-                rd = [("Q", ("Q", r))] + page_reads(s, it, "S")
+                rd = [(b, qv) for b in qparts] + page_reads(s, it, "S")
                 for b, v in rd: yield ("rbeg", b, v)
                 for b, v in rd: yield ("rend", b, v)
                 if j == npg - 1: yield ("arrive", "qempty", 128)
@@ -122,17 +147,19 @@ def run(reqs, seed, mut=None):
     simulate({"T0": t0(), "W1": wg1(), "W2": wg2(), **{n: dq(n, w) for n, w in SHARES[1:]}}, mb, nb, rnd)
 
 
-def check(trials, mut=None):
-    return random_mixes(run, trials, mut, [0, 0, 1, 1, 2, 3, 5], 5)
+def check(trials, mut=None, f16=False):
+    return random_mixes(lambda reqs, seed, m: run(reqs, seed, m, f16), trials, mut, [0, 0, 1, 1, 2, 3, 5], 5)
 
 
 MUTANTS = ("full_count_128", "empty_count_128", "raw_before_wait", "dequant_skips_raw_wait", "no_producer_barrier",
            "arrive_before_store")
+F16_MUTANTS = ("qready_count_127", "wg1_waits_qfull", "no_reduction_barrier")
 
 if __name__ == "__main__":
     trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 2000
-    n = check(trials)
-    print("fp8 protocol model ok:", n, "random schedules, no deadlock, no race")
+    n = check(trials) + check(trials, f16=True)
+    print("fp8 protocol model ok:", n, "random schedules (bf16 and f16 consumers), no deadlock, no race")
     if "--mutants" in sys.argv:
         expect_caught(lambda mut: check(trials, mut), MUTANTS)
-        print("all", len(MUTANTS), "mutants caught")
+        expect_caught(lambda mut: check(trials, mut, f16=True), F16_MUTANTS)
+        print("all", len(MUTANTS) + len(F16_MUTANTS), "mutants caught")
