@@ -44,31 +44,13 @@ import torch
 
 from flashmla import ref
 from flashmla.quant import dequantize_kvcache, quantize_kvcache, split_kvcache
-from flashmla.testing import make_inputs, wide_tile_cache
-
-F16_MAX = 65504.0
+from flashmla.testing import f16_dequantized, f16_nope, make_inputs, wide_tile_cache
 
 
 def split_cache(k8):
     """uint8 [..., 656] -> e4m3 values (float32, exact) [..., 512], scales [..., 4], RoPE (float32) [..., 64]."""
     e, s, rope = split_kvcache(k8)
     return e, s, rope.float()
-
-
-def f16_nope(e, s):
-    """NoPE values e [..., 512] with tile scales s [..., 4] as the "f16" mode computes them (float32 tensor):
-    f16(e4m3 * scale), the scale rounded to f16 where it is a normal f16 that cannot overflow an e4m3 value
-    (448 x scale <= 65504), kept in float32 elsewhere (the dequantiser's guarded path)."""
-    sx = s.repeat_interleave(128, -1)
-    sx = torch.where((sx >= 2.0 ** -14) & (sx <= F16_MAX / 448), sx.half().float(), sx)
-    return (e * sx).half().float()
-
-
-def f16_dequantized(k8):
-    """The cache exactly as the "f16" mode sees it (a float32 tensor), NoPE by f16_nope and RoPE as is: that
-    mode's oracle."""
-    e, s, rope = split_cache(k8)
-    return torch.cat([f16_nope(e, s), rope], -1)
 
 
 def emulate(q, k8, bt, sl, causal, mode):

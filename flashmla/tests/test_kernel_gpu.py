@@ -8,7 +8,7 @@ import torch
 
 import flashmla
 from flashmla import ref
-from flashmla.testing import make_inputs, wide_tile_cache
+from flashmla.testing import f16_dequantized, make_inputs, wide_tile_cache
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -324,22 +324,13 @@ def test_fp8_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     run_kernels(monkeypatch, KERNELS, q, k8, bt, sl, s_q, fp8=True, ref=ref)
 
 
-def f16_consumer_cache(k8):
-    """The FP8 cache as FLASHMLA_FP8_F16=1 computes with it (float32 tensor): NoPE = f16(e4m3 x s), s the tile
-    scale rounded to f16 where it is a normal f16 with 448 x s <= 65504 (else s itself); RoPE as is."""
-    e, s, rope = flashmla.quant.split_kvcache(k8)
-    s = s.repeat_interleave(128, -1)
-    s = torch.where((s >= 2.0 ** -14) & (s <= 65504.0 / 448), s.half().float(), s)
-    return torch.cat([(e * s).half().float(), rope.float()], -1)
-
-
 @pytest.mark.parametrize("h_q,s_q", [(48, 1), (64, 1), (64, 2), (128, 1), (128, 2)])
 @pytest.mark.parametrize("data", ["randn", "wide", "large_q"])
 def test_fp8_f16_consumers(h_q, s_q, data, monkeypatch):
     """FLASHMLA_FP8_F16=1 (the FP8 wgmma kernel with f16 consumers: K = V and Q's NoPE part in f16, P in f16)
-    within the tests' tolerances of the reference on the cache as it dequantises it (f16_consumer_cache): NaN
-    bytes and scales past every length, a zero-length request, tails of 1 and 63 tokens, both sides of the
-    exact-P threshold; tiles over 5.5 decades (wide: f16 subnormal scales take the fp32 path); query rows
+    within the tests' tolerances of the reference on the cache as it dequantises it
+    (flashmla.testing.f16_dequantized): NaN bytes and scales past every length, a zero-length request, tails of
+    1 and 63 tokens, both sides of the exact-P threshold; tiles over 5.5 decades (wide: f16 subnormal scales take the fp32 path); query rows
     beyond f16's range (large_q: Q scaled by 2^-E, S by 2^E)."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "wgmma")
@@ -353,7 +344,7 @@ def test_fp8_f16_consumers(h_q, s_q, data, monkeypatch):
         kc = (kc.float() * 1e-4).to(kc.dtype)           # logits of the same order as the randn case
     k8 = flashmla.quantize_kvcache(kc)
     out, lse = run(q, k8, bt, sl, causal=s_q > 1, fp8=True)
-    check(out, lse, *flashmla.mla_decode_ref(q, f16_consumer_cache(k8), bt, sl, 512, causal=s_q > 1))
+    check(out, lse, *flashmla.mla_decode_ref(q, f16_dequantized(k8), bt, sl, 512, causal=s_q > 1))
 
 
 def test_fp8_wgmma_cuda_graph_replay(monkeypatch):

@@ -46,3 +46,20 @@ def wide_tile_cache(k_cache: torch.Tensor, seed: int) -> torch.Tensor:
     mag = torch.pow(10.0, torch.rand(*k_cache.shape[:-1], 4, generator=g, device=k_cache.device) * 5.5 - 5)
     nope = k_cache[..., :512].float().view(*k_cache.shape[:-1], 4, 128) * mag[..., None]
     return torch.cat([nope.flatten(-2), k_cache[..., 512:].float()], -1).to(k_cache.dtype)
+
+
+def f16_nope(e: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """NoPE values e [..., 512] with tile scales s [..., 4] (flashmla.quant.split_kvcache) as the FP8 kernel's f16
+    consumers (FLASHMLA_FP8_F16=1) compute them, as float32: f16(e4m3 * scale), the scale rounded to f16 where it
+    is a normal f16 that cannot overflow an e4m3 value (448 x scale <= 65504), kept in float32 elsewhere."""
+    sx = s.repeat_interleave(128, -1)
+    sx = torch.where((sx >= 2.0 ** -14) & (sx <= 65504.0 / 448), sx.half().float(), sx)
+    return (e * sx).half().float()
+
+
+def f16_dequantized(k_fp8: torch.Tensor) -> torch.Tensor:
+    """The FP8 cache exactly as the f16 consumers see it (float32 [..., 576]): NoPE by f16_nope, RoPE as is; the
+    oracle of FLASHMLA_FP8_F16=1."""
+    from .quant import split_kvcache
+    e, s, rope = split_kvcache(k_fp8)
+    return torch.cat([f16_nope(e, s), rope.float()], -1)
