@@ -38,6 +38,7 @@
 #include "wgmma_common.cuh"
 
 #include <cuda_fp8.h>
+#include <type_traits>
 
 namespace flashmla {
 namespace {
@@ -225,32 +226,48 @@ __global__ void __launch_bounds__(NTHREADS, 1)
           const uint4 x = ld_shared_v4(stage + RAW1_SLAB * SLAB + (r0 + 8 * i) * 256 + cb * 16);
           return r0 + 8 * i < valid ? x : zero;
         };
-        auto put = [&](int bx, int i, uint4 v) {
+        // f16 consumers: one warp-uniform choice per page between HMUL2 and the fp32 fallback (a vote per
+        // chunk would cut the straight-line conversion code into 16 branches)
+        bool fast = true;
+        if constexpr (F16) {
+          bool ok = true;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int bx = 0; bx < 2; ++bx) ok &= f16_safe(sc[bx][i]) || r0 + 8 * i >= valid;
+          fast = __all_sync(0xffffffffu, ok);
+        }
+        auto put = [&](int bx, int i, uint4 v, auto fast_f16) {
           const float f = r0 + 8 * i < valid ? sc[bx][i] : 0.f;
           const uint32_t row = stage + (4 * bx + (cb >> 2)) * SLAB + (r0 + 8 * i) * 128;
-          if constexpr (F16) {
-            const __half2 f2 = __float2half2_rn(f);
-            const bool ok = f16_safe(f) || f == 0.f;
-            if (__all_sync(0xffffffffu, ok)) {  // (a warp-uniform branch: predication would issue both paths)
-              st_shared_v4(row + sw0, dq2_f16(v.x & 0xffffu, f2), dq2_f16(v.x >> 16, f2), dq2_f16(v.y & 0xffffu, f2),
-                           dq2_f16(v.y >> 16, f2));
-              st_shared_v4(row + sw1, dq2_f16(v.z & 0xffffu, f2), dq2_f16(v.z >> 16, f2), dq2_f16(v.w & 0xffffu, f2),
-                           dq2_f16(v.w >> 16, f2));
-            } else {
-              const float se = ok ? __low2float(f2) : f;
-              st_shared_v4(row + sw0, dq2_f16_f32(v.x & 0xffffu, se), dq2_f16_f32(v.x >> 16, se),
-                           dq2_f16_f32(v.y & 0xffffu, se), dq2_f16_f32(v.y >> 16, se));
-              st_shared_v4(row + sw1, dq2_f16_f32(v.z & 0xffffu, se), dq2_f16_f32(v.z >> 16, se),
-                           dq2_f16_f32(v.w & 0xffffu, se), dq2_f16_f32(v.w >> 16, se));
-            }
-          } else {
+          if constexpr (!F16) {
             st_shared_v4(row + sw0, dq2(v.x & 0xffffu, f), dq2(v.x >> 16, f), dq2(v.y & 0xffffu, f), dq2(v.y >> 16, f));
             st_shared_v4(row + sw1, dq2(v.z & 0xffffu, f), dq2(v.z >> 16, f), dq2(v.w & 0xffffu, f), dq2(v.w >> 16, f));
+          } else if constexpr (decltype(fast_f16)::value) {
+            const __half2 f2 = __float2half2_rn(f);
+            st_shared_v4(row + sw0, dq2_f16(v.x & 0xffffu, f2), dq2_f16(v.x >> 16, f2), dq2_f16(v.y & 0xffffu, f2),
+                         dq2_f16(v.y >> 16, f2));
+            st_shared_v4(row + sw1, dq2_f16(v.z & 0xffffu, f2), dq2_f16(v.z >> 16, f2), dq2_f16(v.w & 0xffffu, f2),
+                         dq2_f16(v.w >> 16, f2));
+          } else {
+            const float se = f16_safe(f) ? __half2float(__float2half_rn(f)) : f;
+            st_shared_v4(row + sw0, dq2_f16_f32(v.x & 0xffffu, se), dq2_f16_f32(v.x >> 16, se),
+                         dq2_f16_f32(v.y & 0xffffu, se), dq2_f16_f32(v.y >> 16, se));
+            st_shared_v4(row + sw1, dq2_f16_f32(v.z & 0xffffu, se), dq2_f16_f32(v.z >> 16, se),
+                         dq2_f16_f32(v.w & 0xffffu, se), dq2_f16_f32(v.w >> 16, se));
+          }
+        };
+        auto put_box = [&](int bx, auto chunk) {  // chunk(i): the raw 16 bytes of row group i
+          if (!F16 || fast) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) put(bx, i, chunk(i), std::true_type{});
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) put(bx, i, chunk(i), std::false_type{});
           }
         };
         // box 0 (in registers) -> slabs 0-3 while box 1's TMA is in flight
-#pragma unroll
-        for (int i = 0; i < 8; ++i) put(0, i, r0 + 8 * i < valid ? v0[i] : zero);
+        put_box(0, [&](int i) { return r0 + 8 * i < valid ? v0[i] : zero; });
         mbar_wait(raw_full, (it >> 1) & 1);
         // box 1 (raw in slabs 6-7) -> slabs 4-7, which hold the raw box: every producer thread reads all
         // of its box-1 chunks first, then the warpgroup syncs, then the stores
@@ -258,8 +275,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 #pragma unroll
         for (int i = 0; i < 8; ++i) v1[i] = raw1(i);
         bar_sync(BAR_PRODUCER, 128);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) put(1, i, v1[i]);
+        put_box(1, [&](int i) { return v1[i]; });
         fence_async_smem();   // generic-proxy stores -> visible to wgmma (async proxy)
         mbar_arrive(uBar + 8 * s);
         // the L2 prefetch PF pages ahead goes out last: its block-table read has had the whole page to
