@@ -15,7 +15,7 @@
 #   auto+FLASHMLA_SPLIT_OVH=5 is the same code again: the noise floor), after the scheduler's GPU tests:
 #   bench_ab (BF16, memory-bound shapes, uniform and ragged; AB_SHAPES overrides) and bench_ab_fp8
 #   (FP8 cache at h_q 16/32, where 16384 keys schedule differently under 3/5/8), 3 rounds each.
-# fp8f16 mode (branch s19-fp8-f16): FLASHMLA_FP8_F16=1 (the FP8 wgmma kernel with f16 consumers): its smoke test under
+# fp8f16 mode: FLASHMLA_FP8_F16=1 (the FP8 wgmma kernel with f16 consumers, opt-in): its smoke test under
 #   60 s, the FP8 GPU tests (all FP8 kernels, the new f16 ones included), then bench_fp8f16: the FP8 cache at h_q
 #   48/64/128 under auto and wgmma+FLASHMLA_FP8_F16=1 beside the BF16 cache, 3 rounds.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,

@@ -23,10 +23,10 @@ caches whose tiles' magnitudes span 1e-5..3 (flashmla.testing.wide_tile_cache). 
 
 "f16": S and P V as f16 wgmma, the NoPE part of K = V dequantised as f16(f16(e4m3) * f16(scale)) (one
 cvt.rn.f16x2.e4m3x2 and one HMUL2 per two values, against today's ~6: e4m3 -> f16 -> f32, two FMUL, a bf16
-pack), Q's NoPE part as f16 (a power of two per row against overflow, as "tc"; the kernel written on the branch
-s19-fp8-f16 takes one per 64-row tile), the RoPE part in bf16 as
-today, P as f16 (hi + lo planes under 1024 keys). A scale that is not a normal f16 or could overflow (448 x
-scale > 65504) is applied in float32 instead (a guarded path). Its oracle is the reference on the cache
+pack), Q's NoPE part as f16 (a power of two per row against overflow, as "tc"; the kernel, FLASHMLA_FP8_F16=1,
+takes one per 64-row tile), the RoPE part in bf16 as today, P as f16 (hi + lo planes under
+1024 keys). A scale that is not a normal f16 or could overflow (448 x scale > 65504) is applied in float32
+instead (a guarded path). Its oracle is the reference on the cache
 dequantised the same way (f16_dequantized): the lse tolerance of 1e-5 only holds against a reference that
 rounds K as the kernel does, which is also why today's kernels are checked against the bf16-dequantised one.
 
