@@ -1,0 +1,122 @@
+"""Where a decode call's time goes under sustained load: per-kernel CUDA time (torch.profiler) and the SM clock
+and power that nvidia-smi reports while the same call runs back to back.
+
+    python flashmla/benchmarks/clock_probe.py [--cases bf16:64:16384:128:1,...] [--seconds 4]
+
+A case is CACHE:BATCH:SEQLEN:H_Q:S_Q (uniform lengths). Per case: the output is checked against the reference
+(cosine > 1 - 1e-5), then one warm-up second, then nvidia-smi samples (every 50 ms) while the call repeats for
+--seconds, then 60 calls under torch.profiler (after the GPU idled while the profiler started: these kernel times run at
+a recovered clock, not the loop's). The loop replays a CUDA graph of 20 calls of the custom op, as
+bench_decode.py's timing does (the eager API would sync on its input checks). Prints the mean time per call over
+the sustained loop, each kernel's mean time from the profiler, and the median SM clock / power / temperature of the samples.
+Answers whether the gap between one launch under Nsight Compute and the benchmark's replays is the combine kernel,
+the launches or the clock, and why (nvidia-smi's active clock event reasons; BENCHMARKS.md session 20)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import time
+
+import torch
+
+import flashmla
+from flashmla.testing import make_inputs
+
+QUERY = "clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
+
+
+def smi_samples(seconds: float, work) -> list[list[float]]:
+    proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
+                            stdout=subprocess.PIPE, text=True)
+    end = time.time() + seconds
+    while time.time() < end:
+        work()
+    torch.cuda.synchronize()
+    proc.terminate()
+    rows = [line.split(",") for line in proc.communicate()[0].splitlines()]
+    return [[float(v) for v in r] for r in rows if len(r) == 5 and all(v.strip() for v in r)]
+
+
+def run_case(spec: str, seconds: float) -> None:
+    cache, batch, seqlen, h_q, s_q = spec.split(":")
+    batch, seqlen, h_q, s_q = int(batch), int(seqlen), int(h_q), int(s_q)
+    q, kc, bt, sl = make_inputs(batch, seqlen, h_q, s_q, device="cuda", seed=batch + seqlen + h_q)
+    fp8 = cache == "fp8"
+    cache_t = flashmla.quantize_kvcache(kc) if fp8 else kc
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    call = lambda: flashmla.flash_mla_with_kvcache(q, cache_t, bt, sl, 512, meta, splits,
+                                                   causal=s_q > 1, is_fp8_kvcache=fp8)
+    out, _ = call()
+    ref_k = flashmla.dequantize_kvcache(cache_t) if fp8 else kc
+    ro, _ = flashmla.mla_decode_ref(q, ref_k, bt, sl, 512, causal=s_q > 1)
+    cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ro.float().flatten(), dim=0).item()
+    if not cos > 1 - 1e-5:
+        raise SystemExit(f"{spec}: output disagrees with the reference (cosine {cos})")
+
+    def capture(n):
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                torch.ops.flashmla.mla_decode(q, cache_t, bt, sl, 512, meta, splits, 576 ** -0.5, s_q > 1, fp8)
+        return g
+
+    graph, single = capture(20), capture(1)                   # 20 calls back to back, as bench_decode times them
+
+    def loop(n=20):
+        for _ in range(n // 20):
+            graph.replay()
+
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    time.sleep(2.0)                                           # one call after an idle GPU, as ncu sees it
+    start.record()
+    single.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    idle_call = start.elapsed_time(stop) * 1e3
+    smi_samples(1.0, loop)                                    # warm-up to a steady clock
+    perf = subprocess.Popen("sleep 1; nvidia-smi -q -d PERFORMANCE", shell=True, stdout=subprocess.PIPE, text=True)
+    calls = [0]
+
+    def counted():
+        loop()
+        calls[0] += 20
+
+    start.record()
+    samples = smi_samples(seconds, counted)
+    stop.record()
+    torch.cuda.synchronize()
+    per_call = start.elapsed_time(stop) * 1e3 / calls[0]
+    reasons = [" ".join(ln.split()) for ln in perf.communicate()[0].splitlines() if ln.strip().endswith(": Active")]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        loop(60)
+        torch.cuda.synchronize()
+    kern = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            kern.setdefault(ev.name, []).append(getattr(ev, "device_time", None) or ev.cuda_time)
+    flops = 2 * h_q * s_q * batch * seqlen * (576 + 512)
+    med = [statistics.median(col) for col in zip(*samples)] if samples else [float("nan")] * 5
+    print(f"{spec}: one call after 2 s idle {idle_call:.1f} us ({flops / idle_call / 1e6:.0f} TFLOPS); "
+          f"{per_call:.1f} us per call back to back ({flops / per_call / 1e6:.0f} TFLOPS); "
+          f"SM clock {med[0]:.0f} of {med[1]:.0f} MHz, {med[2]:.0f} of {med[3]:.0f} W, {med[4]:.0f} C "
+          f"(medians of {len(samples)} samples)")
+    print(f"    clock event reasons active during the loop: {', '.join(reasons) or 'none'}")
+    for name, ts in sorted(kern.items(), key=lambda kv: -sum(kv[1])):
+        print(f"    {sum(ts) / 60:8.1f} us per call  {len(ts) / 60:.0f}x  {name[:90]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="bf16:64:16384:128:1,bf16:128:16384:128:2,bf16:64:16384:64:1,bf16:64:4096:16:1")
+    ap.add_argument("--seconds", type=float, default=4.0)
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}  flashmla {flashmla.__version__}")
+    for spec in args.cases.split(","):
+        run_case(spec, args.seconds)
+
+
+if __name__ == "__main__":
+    main()
