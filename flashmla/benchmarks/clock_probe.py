@@ -1,7 +1,7 @@
 """Where a decode call's time goes under sustained load: per-kernel CUDA time (torch.profiler) and the SM clock
 and power that nvidia-smi reports while the same call runs back to back.
 
-    python flashmla/benchmarks/clock_probe.py [--cases bf16:64:16384:128:1,...] [--seconds 4]
+    python flashmla/benchmarks/clock_probe.py [--cases bf16:64:16384:128:1,...] [--seconds 4] [--eager]
 
 A case is CACHE:BATCH:SEQLEN:H_Q:S_Q (uniform lengths). Per case: the output is checked against the reference
 (cosine > 1 - 1e-5), then one warm-up second, then nvidia-smi samples (every 50 ms) while the call repeats for
@@ -108,14 +108,36 @@ def run_case(spec: str, seconds: float) -> None:
         print(f"    {sum(ts) / 60:8.1f} us per call  {len(ts) / 60:.0f}x  {name[:90]}")
 
 
+def eager_cost(spec: str, calls: int = 61) -> None:
+    """Eager calls (no graph) of one case, as a model's layers make them in one decode step: with the same
+    cache_seqlens tensor each time (its values checked once) and with a fresh copy each time (checked, and so
+    synced, at every call)."""
+    cache, batch, seqlen, h_q, s_q = spec.split(":")
+    batch, seqlen, h_q, s_q = int(batch), int(seqlen), int(h_q), int(s_q)
+    q, kc, bt, sl = make_inputs(batch, seqlen, h_q, s_q, device="cuda", seed=1)
+    cache_t = flashmla.quantize_kvcache(kc) if cache == "fp8" else kc
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    copies = [sl.clone() for _ in range(calls)]
+    for name, lens in (("same tensor", [sl] * calls), ("fresh tensor per call", copies)):
+        for _ in range(2):                                    # the second pass is timed
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for s in lens:
+                flashmla.flash_mla_with_kvcache(q, cache_t, bt, s, 512, meta, splits, causal=s_q > 1,
+                                                is_fp8_kvcache=cache == "fp8")
+            torch.cuda.synchronize()
+        print(f"{spec} eager, {calls} calls, {name}: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="bf16:64:16384:128:1,bf16:128:16384:128:2,bf16:64:16384:64:1,bf16:64:4096:16:1")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--eager", action="store_true", help="instead: eager calls with and without the checked lengths")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  flashmla {flashmla.__version__}")
     for spec in args.cases.split(","):
-        run_case(spec, args.seconds)
+        eager_cost(spec) if args.eager else run_case(spec, args.seconds)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,34 @@ def test_bad_input_raises_clear_error(case):
         flashmla.flash_mla_with_kvcache(**kw)
 
 
+def test_seqlen_check_once_per_unchanged_tensor(monkeypatch):
+    """The value check of cache_seqlens (a host sync on the GPU) runs once for a tensor that does not change between
+    calls (the layers of a decode step) and again after an in-place write, for a new tensor with the same values,
+    and for a block table of smaller capacity; a write that breaks the bound is caught."""
+    q, kc, bt, sl = _good()
+    meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
+    checks = []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: checks.append(t) or aminmax(t))
+    call = lambda s, b=bt: flashmla.flash_mla_with_kvcache(q, kc, b, s, 512, meta, splits)
+    for _ in range(3):
+        call(sl)
+    assert len(checks) == 1
+    call(sl.clone())
+    assert len(checks) == 2
+    call(sl)
+    assert len(checks) == 3
+    call(sl, torch.cat([bt, bt], 1))                      # larger capacity: the check of the smaller still holds
+    assert len(checks) == 3
+    call(sl, bt[:, :2])                                   # smaller capacity (128 keys, lengths 100 and 10)
+    assert len(checks) == 4
+    sl[1] = 64 * bt.shape[1] + 1                          # in place: the version counter moves
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        call(sl)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        call(sl)                                          # a tensor that failed is never taken as checked
+
+
 def test_auto_swapab_max_rows_follows_env(monkeypatch):
     """_C.auto_swapab_max_rows() reads FLASHMLA_SWAPAB_MAX_ROWS at each call: unset, empty or 32 -> 32
     (the default: swap-AB up to 32 FP8 rows), 16 -> 16 (the opt-out), anything else -> -1 (the

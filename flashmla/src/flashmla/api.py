@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 
 import torch
 
@@ -107,8 +108,7 @@ def _kernel_ok(q, k_cache, head_dim_v, is_fp8) -> bool:
             and (_C.fp8_kernel() if is_fp8 else k_cache.dtype == torch.bfloat16))
 
 
-@torch.library.custom_op("flashmla::mla_decode", mutates_args=())
-def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
                num_splits: torch.Tensor, softmax_scale: float, causal: bool,
                is_fp8_kvcache: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,6 +130,11 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor
     kv = dequantize_kvcache(k_cache) if is_fp8_kvcache else k_cache
     out, lse = ref.mla_decode_ref(q, kv, block_table, cache_seqlens, head_dim_v, softmax_scale, causal)
     return out.to(q.dtype), lse
+
+
+# the custom op (torch.compile, opcheck, export); eager calls on plain tensors run _decode_impl directly, without
+# the op's dispatch (BENCHMARKS.md session 20: host time per call)
+_decode_op = torch.library.custom_op("flashmla::mla_decode", mutates_args=())(_decode_impl)
 
 
 @_decode_op.register_fake
@@ -184,14 +189,27 @@ def _validate(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_spli
            ValueError, f"tile_scheduler_metadata: expected contiguous int32 [num_sm_parts, 8], got {meta.dtype} {tuple(meta.shape)}")
     _check(num_splits.dtype == torch.int32 and tuple(num_splits.shape) == (batch + 1,) and num_splits.is_contiguous(),
            ValueError, f"num_splits: expected contiguous int32 [batch + 1 = {batch + 1}], got {num_splits.dtype} {tuple(num_splits.shape)}")
-    # Value checks need the host; skipped while a CUDA graph is being captured.
-    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    # Value checks need the host (a sync); skipped while a CUDA graph is being captured, and for the tensor that
+    # passed last time when it is unchanged (same object, same version counter: the layers of a decode step)
+    cap = block_table.shape[1] * ref.PAGE_SIZE
+    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()) and not _seqlens_checked(cache_seqlens, cap):
         lo, hi = torch.aminmax(cache_seqlens)
         lo, hi = int(lo), int(hi)
         _check(lo >= 0, ValueError, f"cache_seqlens: must be >= 0, got min {lo}")
-        cap = block_table.shape[1] * ref.PAGE_SIZE
         _check(hi <= cap, ValueError,
                f"cache_seqlens: max {hi} exceeds the block table's capacity {block_table.shape[1]} pages x 64 = {cap}")
+        _last_checked[:] = [weakref.ref(cache_seqlens), cache_seqlens._version, cap]
+
+
+_last_checked: list = [lambda: None, -1, -1]   # the cache_seqlens whose values passed last, its version, capacity
+
+
+def _seqlens_checked(cache_seqlens: torch.Tensor, cap: int) -> bool:
+    """True when cache_seqlens is the tensor whose values passed last, not written since (PyTorch bumps the
+    version counter on every in-place write; a kernel writing through a raw pointer does not: see README)
+    and checked against at most this capacity."""
+    tensor, version, checked_cap = _last_checked
+    return tensor() is cache_seqlens and version == cache_seqlens._version and cap >= checked_cap
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
@@ -221,5 +239,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         raise ValueError(f"softmax_scale: expected a positive finite float, got {softmax_scale!r}")
     if is_fp8_kvcache and k_cache.dtype != torch.uint8:
         k_cache = k_cache.view(torch.uint8)
-    return _decode_op(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                      num_splits, float(softmax_scale), bool(causal), bool(is_fp8_kvcache))
+    eager = not torch.compiler.is_compiling() and type(q) is torch.Tensor   # (fake and proxy tensors: subclasses)
+    return (_decode_impl if eager else _decode_op)(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                                                   tile_scheduler_metadata, num_splits, float(softmax_scale),
+                                                   bool(causal), bool(is_fp8_kvcache))
