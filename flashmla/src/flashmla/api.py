@@ -109,9 +109,9 @@ def _kernel_ok(q, k_cache, head_dim_v, is_fp8) -> bool:
 
 
 def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
-               cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
-               num_splits: torch.Tensor, softmax_scale: float, causal: bool,
-               is_fp8_kvcache: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
+                 num_splits: torch.Tensor, softmax_scale: float, causal: bool,
+                 is_fp8_kvcache: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, s_q, h_q, d = q.shape
     if _kernel_ok(q, k_cache, head_dim_v, is_fp8_kvcache):
         m = s_q * h_q
