@@ -82,7 +82,7 @@ __device__ __forceinline__ uint32_t dq2(uint32_t two, float sc) {
 }
 // f16 consumers (FLASHMLA_FP8_F16=1): two e4m3 -> two f16 of f16(value * s), s = f16(sc) where sc is a normal f16
 // that cannot overflow 448 x sc (f16_safe), else sc itself. dq2_f16: one HMUL2 (the product of two f16 is exact
-// before its rounding); dq2_f16_f32: the same value through fp32, for warps with an unsafe scale anywhere
+// before its rounding); dq2_f16_f32: the same value through fp32, for a page where the warp meets an unsafe scale
 constexpr float F16_SCALE_MIN = 6.103515625e-05f, F16_SCALE_MAX = 65504.f / 448.f;
 __device__ __forceinline__ bool f16_safe(float sc) { return sc >= F16_SCALE_MIN && sc <= F16_SCALE_MAX; }
 __device__ __forceinline__ uint32_t dq2_f16(uint32_t two, __half2 s2) {
