@@ -106,6 +106,15 @@ def test_seqlen_check_once_per_unchanged_tensor(monkeypatch):
         call(sl)
     with pytest.raises(ValueError, match="cache_seqlens"):
         call(sl)                                          # a tensor that failed is never taken as checked
+    with torch.inference_mode():                          # inference tensors: no version counter, checked each call
+        sl_inf = sl.clone()
+        sl_inf[1] = 10
+        for n in range(2):
+            call(sl_inf)
+        assert len(checks) == 8
+        sl_inf[1] = 64 * bt.shape[1] + 1
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            call(sl_inf)
 
 
 def test_auto_swapab_max_rows_follows_env(monkeypatch):

@@ -198,7 +198,8 @@ def _validate(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_spli
         _check(lo >= 0, ValueError, f"cache_seqlens: must be >= 0, got min {lo}")
         _check(hi <= cap, ValueError,
                f"cache_seqlens: max {hi} exceeds the block table's capacity {block_table.shape[1]} pages x 64 = {cap}")
-        _last_checked[:] = [weakref.ref(cache_seqlens), cache_seqlens._version, cap]
+        if not cache_seqlens.is_inference():   # (inference tensors keep no version counter: checked every call)
+            _last_checked[:] = [weakref.ref(cache_seqlens), cache_seqlens._version, cap]
 
 
 _last_checked: list = [lambda: None, -1, -1]   # the cache_seqlens whose values passed last, its version, capacity
@@ -209,7 +210,8 @@ def _seqlens_checked(cache_seqlens: torch.Tensor, cap: int) -> bool:
     version counter on every in-place write; a kernel writing through a raw pointer does not: see README)
     and checked against at most this capacity."""
     tensor, version, checked_cap = _last_checked
-    return tensor() is cache_seqlens and version == cache_seqlens._version and cap >= checked_cap
+    return (tensor() is cache_seqlens and not cache_seqlens.is_inference() and version == cache_seqlens._version
+            and cap >= checked_cap)
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
