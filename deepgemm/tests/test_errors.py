@@ -79,3 +79,46 @@ def test_masked_errors():
             lambda: dg.m_grouped_fp8_gemm_nt_masked(a, b, d, torch.ones(3, dtype=torch.int32), "16"), d)
     _expect(ValueError, "^b: expected leading dims",
             lambda: dg.m_grouped_fp8_gemm_nt_masked(a, (b[0][:2], b[1][:2]), d, mm, 16), d)
+
+
+def test_value_checks_once_per_unchanged_tensor(monkeypatch):
+    """m_indices' and masked_m's values (a host sync on the GPU) are read once for a tensor unchanged since it
+    passed (the GEMMs of one MoE layer), again after an in-place write or for a new tensor or other bounds, at every
+    call for inference tensors; a write that breaks them is caught."""
+    reads = []
+    read = dg.validate._read
+    monkeypatch.setattr(dg.validate, "_read", lambda *s: reads.append(len(s)) or read(*s))
+    m, n, k, g = 256, 128, 128, 2
+    a = dg.per_token_cast_to_fp8(rand((m, k), 3, "cpu"))
+    b = dg.per_block_cast_to_fp8(rand((g, n, k), 4, "cpu"))
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    idx = dg.testing.make_contiguous_m_indices([128, 128])
+    for _ in range(3):
+        dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, idx)
+    assert len(reads) == 1
+    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, idx.clone())
+    assert len(reads) == 2
+    idx[100] = 1                                          # in place: a block now starts at row 100
+    with pytest.raises(ValueError, match="row 100"):
+        dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, idx)
+    with pytest.raises(ValueError, match="row 100"):
+        dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, idx)
+    assert len(reads) == 4
+
+    ga, m_max = 3, 32
+    a3 = dg.per_token_cast_to_fp8(rand((ga, m_max, k), 5, "cpu"))
+    b3 = dg.per_block_cast_to_fp8(rand((ga, n, k), 6, "cpu"))
+    d3 = torch.empty(ga, m_max, n, dtype=torch.bfloat16)
+    mm = torch.tensor([1, 2, 32], dtype=torch.int32)
+    for _ in range(3):
+        dg.m_grouped_fp8_gemm_nt_masked(a3, b3, d3, mm, 16)
+    assert len(reads) == 5
+    mm[2] = 33
+    with pytest.raises(ValueError, match="masked_m"):
+        dg.m_grouped_fp8_gemm_nt_masked(a3, b3, d3, mm, 16)
+    assert len(reads) == 6
+    with torch.inference_mode():                          # no version counter: read at every call
+        mm_inf = torch.tensor([1, 2, 3], dtype=torch.int32)
+        for _ in range(2):
+            dg.m_grouped_fp8_gemm_nt_masked(a3, b3, d3, mm_inf, 16)
+        assert len(reads) == 8

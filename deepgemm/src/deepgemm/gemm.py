@@ -34,10 +34,10 @@ def _use_kernels(t: torch.Tensor) -> bool:
     return True
 
 
-# custom ops (mutate d; fake impls do nothing, so they trace under torch.compile)
-@torch.library.custom_op("deepgemm::gemm_nt", mutates_args=("d",))
-def _gemm_nt_op(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sfb: Optional[torch.Tensor],
-                d: torch.Tensor, c: Optional[torch.Tensor]) -> None:
+# custom ops (mutate d; fake impls do nothing, so they trace under torch.compile). Eager calls on plain tensors run
+# the bodies directly, without the ops' dispatch (_run); torch.compile, export and opcheck see the ops.
+def _gemm_nt_impl(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sfb: Optional[torch.Tensor],
+                  d: torch.Tensor, c: Optional[torch.Tensor]) -> None:
     if _use_kernels(a):
         from .jit import kernels
         kernels.gemm_nt(a, sfa, b, sfb, d, c)
@@ -45,14 +45,16 @@ def _gemm_nt_op(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, s
         ref.ref_gemm_nt(a, sfa, b, sfb, d, c)
 
 
+_gemm_nt_op = torch.library.custom_op("deepgemm::gemm_nt", mutates_args=("d",))(_gemm_nt_impl)
+
+
 @_gemm_nt_op.register_fake
 def _(a, sfa, b, sfb, d, c) -> None:
     return None
 
 
-@torch.library.custom_op("deepgemm::m_grouped_gemm_nt_contiguous", mutates_args=("d",))
-def _contiguous_op(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sfb: Optional[torch.Tensor],
-                   d: torch.Tensor, m_indices: torch.Tensor) -> None:
+def _contiguous_impl(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sfb: Optional[torch.Tensor],
+                     d: torch.Tensor, m_indices: torch.Tensor) -> None:
     if _use_kernels(a):
         from .jit import kernels
         kernels.m_grouped_gemm_nt_contiguous(a, sfa, b, sfb, d, m_indices)
@@ -60,14 +62,17 @@ def _contiguous_op(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor
         ref.ref_m_grouped_gemm_nt_contiguous(a, sfa, b, sfb, d, m_indices)
 
 
+_contiguous_op = torch.library.custom_op("deepgemm::m_grouped_gemm_nt_contiguous", mutates_args=("d",))(
+    _contiguous_impl)
+
+
 @_contiguous_op.register_fake
 def _(a, sfa, b, sfb, d, m_indices) -> None:
     return None
 
 
-@torch.library.custom_op("deepgemm::m_grouped_gemm_nt_masked", mutates_args=("d",))
-def _masked_op(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sfb: Optional[torch.Tensor],
-               d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> None:
+def _masked_impl(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sfb: Optional[torch.Tensor],
+                 d: torch.Tensor, masked_m: torch.Tensor, expected_m: int) -> None:
     if _use_kernels(a):
         from .jit import kernels
         kernels.m_grouped_gemm_nt_masked(a, sfa, b, sfb, d, masked_m, expected_m)
@@ -75,9 +80,21 @@ def _masked_op(a: torch.Tensor, sfa: Optional[torch.Tensor], b: torch.Tensor, sf
         ref.ref_m_grouped_gemm_nt_masked(a, sfa, b, sfb, d, masked_m)
 
 
+_masked_op = torch.library.custom_op("deepgemm::m_grouped_gemm_nt_masked", mutates_args=("d",))(_masked_impl)
+
+
 @_masked_op.register_fake
 def _(a, sfa, b, sfb, d, masked_m, expected_m) -> None:
     return None
+
+
+def _run(op, impl, a: torch.Tensor, sfa, b, sfb, d: torch.Tensor, *rest) -> None:
+    """impl directly for eager calls on plain tensors (fake and proxy tensors are subclasses), else the op. The
+    kernels write d through its pointer: its version counter is bumped as the op's dispatch would."""
+    if torch.compiler.is_compiling() or type(a) is not torch.Tensor:
+        return op(a, sfa, b, sfb, d, *rest)
+    impl(a, sfa, b, sfb, d, *rest)
+    torch.autograd.graph.increment_version(d)
 
 
 def _check_recipe(recipe) -> None:
@@ -96,7 +113,7 @@ def _dense(a, b, d, c, fp8: bool) -> None:
     m, _, _ = check_operands(a, sfa, b, sfb, d, c, a_shape_lead=(), b_lead=(), fp8=fp8)
     if m == 0:
         return
-    torch.ops.deepgemm.gemm_nt(a, _sf(sfa), b, sfb.contiguous() if fp8 else None, d, c)
+    _run(_gemm_nt_op, _gemm_nt_impl, a, _sf(sfa), b, sfb.contiguous() if fp8 else None, d, c)
 
 
 def fp8_gemm_nt(a, b, d: torch.Tensor, c: Optional[torch.Tensor] = None, recipe=None,
@@ -130,7 +147,7 @@ def _contiguous(a, b, d, m_indices, fp8: bool) -> None:
     check_m_indices(m_indices, m, b.shape[0], a.device)
     if m == 0:
         return
-    torch.ops.deepgemm.m_grouped_gemm_nt_contiguous(a, _sf(sfa), b, sfb.contiguous() if fp8 else None, d, m_indices)
+    _run(_contiguous_op, _contiguous_impl, a, _sf(sfa), b, sfb.contiguous() if fp8 else None, d, m_indices)
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, m_indices: torch.Tensor, recipe=None,
@@ -163,8 +180,8 @@ def _masked(a, b, d, masked_m, expected_m, fp8: bool) -> None:
     check_masked_m(masked_m, g, a.shape[1], expected_m, a.device)
     if g == 0 or a.shape[1] == 0:
         return
-    torch.ops.deepgemm.m_grouped_gemm_nt_masked(a, _sf(sfa), b, sfb.contiguous() if fp8 else None, d,
-                                                masked_m, int(expected_m))
+    _run(_masked_op, _masked_impl, a, _sf(sfa), b, sfb.contiguous() if fp8 else None, d, masked_m,
+         int(expected_m))
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,

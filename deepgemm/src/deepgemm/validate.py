@@ -2,6 +2,8 @@
 expected and what came (TypeError for types/dtypes, ValueError for shapes/layout/values)."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .utils import BLOCK_K, FP8, ceil_div
@@ -97,6 +99,28 @@ def _can_read_values(t: torch.Tensor) -> bool:
     return True
 
 
+# The tensor whose values passed each value check last, its version counter and the bounds it passed: an unchanged
+# tensor (same object, same version: PyTorch bumps it on every in-place write) is not read again, so the GEMMs of
+# one MoE layer sharing m_indices or masked_m sync once. A kernel writing through a raw pointer does not bump it;
+# inference tensors (torch.inference_mode) have no version counter and are read at every call.
+_passed: dict = {}
+
+
+def _unchanged_since_passed(check: str, t: torch.Tensor, bounds: tuple) -> bool:
+    ref, version, passed = _passed.get(check, (None, -1, None))
+    return ref is not None and ref() is t and not t.is_inference() and version == t._version and passed == bounds
+
+
+def _mark_passed(check: str, t: torch.Tensor, bounds: tuple) -> None:
+    if not t.is_inference():   # (inference tensors keep no version counter: checked every call)
+        _passed[check] = (weakref.ref(t), t._version, bounds)
+
+
+def _read(*scalars: torch.Tensor) -> list:
+    """Device scalars to host numbers in one sync (eager mode only)."""
+    return torch.stack(scalars).tolist()
+
+
 def check_m_indices(m_indices: torch.Tensor, m: int, num_groups: int, device) -> None:
     _dtype(m_indices, "m_indices", (torch.int32,))
     _shape(m_indices, "m_indices", (m,))
@@ -104,21 +128,21 @@ def check_m_indices(m_indices: torch.Tensor, m: int, num_groups: int, device) ->
         raise ValueError(f"m_indices: expected device {device}, got {m_indices.device}")
     if not m_indices.is_contiguous():
         raise ValueError("m_indices: expected a contiguous tensor")
-    if m == 0 or not _can_read_values(m_indices):
+    if m == 0 or not _can_read_values(m_indices) or _unchanged_since_passed("m_indices", m_indices, (num_groups,)):
         return
     idx = m_indices.long()
     prev = torch.cat([idx.new_full((1,), -2), idx[:-1]])
     starts = (idx >= 0) & (idx != prev)
     pos = torch.arange(m, device=idx.device)
     bad_start = starts & (pos % 128 != 0)
-    lo, hi, nbad = idx.min(), idx.max(), bad_start.sum()
-    lo, hi, nbad = int(lo), int(hi), int(nbad)  # one sync each; eager mode only
+    first_bad = torch.where(bad_start, pos, m).min()
+    lo, hi, first = _read(idx.min(), idx.max(), first_bad)
     if lo < -1 or hi >= num_groups:
         raise ValueError(f"m_indices: expected values in [-1, {num_groups}), got range [{lo}, {hi}]")
-    if nbad:
-        first = int(pos[bad_start][0])
+    if first < m:
         raise ValueError(f"m_indices: expected each group's block of rows to start on a multiple of 128 "
                          f"(get_m_alignment_for_contiguous_layout()), got a block starting at row {first}")
+    _mark_passed("m_indices", m_indices, (num_groups,))
 
 
 def check_masked_m(masked_m: torch.Tensor, num_groups: int, m_max: int, expected_m, device) -> None:
@@ -128,8 +152,9 @@ def check_masked_m(masked_m: torch.Tensor, num_groups: int, m_max: int, expected
         raise ValueError(f"masked_m: expected device {device}, got {masked_m.device}")
     if not isinstance(expected_m, int) or isinstance(expected_m, bool) or expected_m < 0:
         raise TypeError(f"expected_m: expected a non-negative int hint, got {expected_m!r}")
-    if num_groups == 0 or not _can_read_values(masked_m):
+    if num_groups == 0 or not _can_read_values(masked_m) or _unchanged_since_passed("masked_m", masked_m, (m_max,)):
         return
-    lo, hi = int(masked_m.min()), int(masked_m.max())
+    lo, hi = _read(*torch.aminmax(masked_m))
     if lo < 0 or hi > m_max:
         raise ValueError(f"masked_m: expected values in [0, {m_max}] (M_max = a.shape[1]), got range [{lo}, {hi}]")
+    _mark_passed("masked_m", masked_m, (m_max,))
