@@ -1,16 +1,18 @@
 """Where a decode call's time goes under sustained load: per-kernel CUDA time (torch.profiler) and the SM clock
 and power that nvidia-smi reports while the same call runs back to back.
 
-    python flashmla/benchmarks/clock_probe.py [--cases bf16:64:16384:128:1,...] [--seconds 4] [--eager]
+    python flashmla/benchmarks/clock_probe.py [--cases bf16:64:16384:128:1,...] [--seconds 4] [--peer flashinfer]
+    python flashmla/benchmarks/clock_probe.py --eager [--cases ...]
 
-A case is CACHE:BATCH:SEQLEN:H_Q:S_Q (uniform lengths). Per case: the output is checked against the reference
-(cosine > 1 - 1e-5), then one warm-up second, then nvidia-smi samples (every 50 ms) while the call repeats for
---seconds, then 60 calls under torch.profiler (after the GPU idled while the profiler started: these kernel times run at
-a recovered clock, not the loop's). The loop replays a CUDA graph of 20 calls of the custom op, as
-bench_decode.py's timing does (the eager API would sync on its input checks). Prints the mean time per call over
-the sustained loop, each kernel's mean time from the profiler, and the median SM clock / power / temperature of the samples.
-Answers whether the gap between one launch under Nsight Compute and the benchmark's replays is the combine kernel,
-the launches or the clock, and why (nvidia-smi's active clock event reasons; BENCHMARKS.md session 20)."""
+A case is CACHE:BATCH:SEQLEN:H_Q:S_Q (uniform lengths). Per case, after a check against the reference (cosine
+> 1 - 1e-5): one call on a rested card (2 s idle; an idle H200 reports a 345 MHz SM clock, so this includes the
+ramp), then a CUDA graph of 20 calls of the custom op replayed back to back (as bench_decode.py times them): one
+warm-up second, then --seconds while nvidia-smi samples every 50 ms, then 60 calls under torch.profiler (after
+an idle moment: those kernel times run at a recovered clock). Prints time, TFLOPS and TB/s (bench_decode.py's
+byte count) per call, the median SM clock / power / temperature, the clock event reasons nvidia-smi reports
+active mid-loop, and each kernel's time. --peer flashinfer does the same for FlashInfer's MLA decode on the same
+inputs (BF16 cases, when flashinfer imports), to compare power and clock at equal work. --eager: host-bound
+eager calls instead (eager_cost). BENCHMARKS.md session 20."""
 from __future__ import annotations
 
 import argparse
@@ -38,28 +40,14 @@ def smi_samples(seconds: float, work) -> list[list[float]]:
     return [[float(v) for v in r] for r in rows if len(r) == 5 and all(v.strip() for v in r)]
 
 
-def run_case(spec: str, seconds: float) -> None:
-    cache, batch, seqlen, h_q, s_q = spec.split(":")
-    batch, seqlen, h_q, s_q = int(batch), int(seqlen), int(h_q), int(s_q)
-    q, kc, bt, sl = make_inputs(batch, seqlen, h_q, s_q, device="cuda", seed=batch + seqlen + h_q)
-    fp8 = cache == "fp8"
-    cache_t = flashmla.quantize_kvcache(kc) if fp8 else kc
-    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
-    call = lambda: flashmla.flash_mla_with_kvcache(q, cache_t, bt, sl, 512, meta, splits,
-                                                   causal=s_q > 1, is_fp8_kvcache=fp8)
-    out, _ = call()
-    ref_k = flashmla.dequantize_kvcache(cache_t) if fp8 else kc
-    ro, _ = flashmla.mla_decode_ref(q, ref_k, bt, sl, 512, causal=s_q > 1)
-    cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ro.float().flatten(), dim=0).item()
-    if not cos > 1 - 1e-5:
-        raise SystemExit(f"{spec}: output disagrees with the reference (cosine {cos})")
-
+def sustained(label: str, fn, seconds: float, flops: float, nbytes: float) -> None:
+    """fn (one decode call) on a rested card, then back to back while nvidia-smi samples; prints one report."""
     def capture(n):
         g = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
             for _ in range(n):
-                torch.ops.flashmla.mla_decode(q, cache_t, bt, sl, 512, meta, splits, 576 ** -0.5, s_q > 1, fp8)
+                fn()
         return g
 
     graph, single = capture(20), capture(1)                   # 20 calls back to back, as bench_decode times them
@@ -97,15 +85,43 @@ def run_case(spec: str, seconds: float) -> None:
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             kern.setdefault(ev.name, []).append(getattr(ev, "device_time", None) or ev.cuda_time)
-    flops = 2 * h_q * s_q * batch * seqlen * (576 + 512)
     med = [statistics.median(col) for col in zip(*samples)] if samples else [float("nan")] * 5
-    print(f"{spec}: one call after 2 s idle {idle_call:.1f} us ({flops / idle_call / 1e6:.0f} TFLOPS); "
-          f"{per_call:.1f} us per call back to back ({flops / per_call / 1e6:.0f} TFLOPS); "
+    rate = lambda us: f"{flops / us / 1e6:.0f} TFLOPS, {nbytes / us / 1e6:.2f} TB/s"
+    print(f"{label}: one call after 2 s idle {idle_call:.1f} us ({rate(idle_call)}); "
+          f"{per_call:.1f} us per call back to back ({rate(per_call)}); "
           f"SM clock {med[0]:.0f} of {med[1]:.0f} MHz, {med[2]:.0f} of {med[3]:.0f} W, {med[4]:.0f} C "
           f"(medians of {len(samples)} samples)")
     print(f"    clock event reasons active during the loop: {', '.join(reasons) or 'none'}")
     for name, ts in sorted(kern.items(), key=lambda kv: -sum(kv[1])):
         print(f"    {sum(ts) / 60:8.1f} us per call  {len(ts) / 60:.0f}x  {name[:90]}")
+
+
+def run_case(spec: str, seconds: float, peer: str | None) -> None:
+    cache, batch, seqlen, h_q, s_q = spec.split(":")
+    batch, seqlen, h_q, s_q = int(batch), int(seqlen), int(h_q), int(s_q)
+    q, kc, bt, sl = make_inputs(batch, seqlen, h_q, s_q, device="cuda", seed=batch + seqlen + h_q)
+    fp8 = cache == "fp8"
+    cache_t = flashmla.quantize_kvcache(kc) if fp8 else kc
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    out, _ = flashmla.flash_mla_with_kvcache(q, cache_t, bt, sl, 512, meta, splits, causal=s_q > 1,
+                                             is_fp8_kvcache=fp8)
+    ref_k = flashmla.dequantize_kvcache(cache_t) if fp8 else kc
+    ro, _ = flashmla.mla_decode_ref(q, ref_k, bt, sl, 512, causal=s_q > 1)
+    cos = lambda o: torch.nn.functional.cosine_similarity(o.float().flatten(), ro.float().flatten(), dim=0).item()
+    if not cos(out) > 1 - 1e-5:
+        raise SystemExit(f"{spec}: output disagrees with the reference (cosine {cos(out)})")
+    flops = 2 * h_q * s_q * batch * seqlen * (576 + 512)
+    nbytes = 2 * (batch * seqlen * 576 + q.numel() + out.numel())   # bench_decode.py's count (BF16 cache)
+    sustained(f"{spec} ours", lambda: torch.ops.flashmla.mla_decode(q, cache_t, bt, sl, 512, meta, splits,
+                                                                    576 ** -0.5, s_q > 1, fp8),
+              seconds, flops, nbytes)
+    if peer == "flashinfer" and not fp8:
+        from flashinfer_mla import FlashInferMLA
+        fi = FlashInferMLA(q, kc, bt, sl, s_q > 1)
+        fi.run()
+        if not cos(fi.out.view(out.shape)) > 1 - 1e-5:
+            raise SystemExit(f"{spec}: FlashInfer disagrees with the reference (cosine {cos(fi.out.view(out.shape))})")
+        sustained(f"{spec} flashinfer", fi.run, seconds, flops, nbytes)
 
 
 def eager_cost(spec: str, calls: int = 61) -> None:
@@ -134,10 +150,12 @@ def main() -> None:
     ap.add_argument("--cases", default="bf16:64:16384:128:1,bf16:128:16384:128:2,bf16:64:16384:64:1,bf16:64:4096:16:1")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--eager", action="store_true", help="instead: eager calls with and without the checked lengths")
+    ap.add_argument("--peer", choices=["flashinfer"], default=None,
+                    help="also FlashInfer's MLA decode on the same inputs (BF16 cases; flashinfer importable)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  flashmla {flashmla.__version__}")
     for spec in args.cases.split(","):
-        eager_cost(spec) if args.eager else run_case(spec, args.seconds)
+        eager_cost(spec) if args.eager else run_case(spec, args.seconds, args.peer)
 
 
 if __name__ == "__main__":
