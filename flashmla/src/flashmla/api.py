@@ -145,59 +145,69 @@ def _(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadat
             q.new_empty((batch, h_q, s_q), dtype=torch.float32))
 
 
-def _check(cond: bool, exc: type, msg: str) -> None:
+def _check(cond: bool, exc: type, msg) -> None:
+    """Raises exc(msg) unless cond; msg is a string or a function that builds it (the f-strings of _validate are
+    built only on failure: formatting them at every call was half of its time)."""
     if not cond:
-        raise exc(msg)
+        raise exc(msg() if callable(msg) else msg)
 
 
 def _validate(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, is_fp8):
     names = ("q", "k_cache", "block_table", "cache_seqlens", "tile_scheduler_metadata", "num_splits")
     tensors = (q, k_cache, block_table, cache_seqlens, meta, num_splits)
     for n, t in zip(names, tensors):
-        _check(isinstance(t, torch.Tensor), TypeError, f"{n}: expected a torch.Tensor, got {type(t).__name__}")
+        _check(isinstance(t, torch.Tensor), TypeError, lambda: f"{n}: expected a torch.Tensor, got {type(t).__name__}")
     for n, t in zip(names, tensors):
-        _check(t.device == q.device, ValueError, f"{n}: expected device {q.device} (that of q), got {t.device}")
-    _check(q.dim() == 4, ValueError, f"q: expected [batch, s_q, h_q, d], got shape {tuple(q.shape)}")
-    _check(q.dtype in (torch.bfloat16, torch.float16), TypeError, f"q: expected bfloat16 or float16, got {q.dtype}")
+        _check(t.device == q.device, ValueError, lambda: f"{n}: expected device {q.device} (that of q), got {t.device}")
+    _check(q.dim() == 4, ValueError, lambda: f"q: expected [batch, s_q, h_q, d], got shape {tuple(q.shape)}")
+    _check(q.dtype in (torch.bfloat16, torch.float16), TypeError,
+           lambda: f"q: expected bfloat16 or float16, got {q.dtype}")
     batch, s_q, h_q, d = q.shape
-    _check(batch >= 1 and s_q >= 1 and h_q >= 1, ValueError, f"q: empty dimension in shape {tuple(q.shape)}")
+    _check(batch >= 1 and s_q >= 1 and h_q >= 1, ValueError, lambda: f"q: empty dimension in shape {tuple(q.shape)}")
     _check(q.is_contiguous(), ValueError, "q: must be contiguous")
-    _check(k_cache.dim() == 4, ValueError, f"k_cache: expected [num_blocks, 64, h_kv, d], got shape {tuple(k_cache.shape)}")
-    _check(k_cache.shape[1] == ref.PAGE_SIZE, ValueError, f"k_cache: page size (dim 1) must be {ref.PAGE_SIZE}, got {k_cache.shape[1]}")
+    _check(k_cache.dim() == 4, ValueError,
+           lambda: f"k_cache: expected [num_blocks, 64, h_kv, d], got shape {tuple(k_cache.shape)}")
+    _check(k_cache.shape[1] == ref.PAGE_SIZE, ValueError,
+           lambda: f"k_cache: page size (dim 1) must be {ref.PAGE_SIZE}, got {k_cache.shape[1]}")
     _check(k_cache.is_contiguous(), ValueError, "k_cache: must be contiguous")
     h_kv = k_cache.shape[2]
-    _check(h_kv >= 1 and h_q % h_kv == 0, ValueError, f"k_cache: h_kv={h_kv} must divide h_q={h_q}")
+    _check(h_kv >= 1 and h_q % h_kv == 0, ValueError, lambda: f"k_cache: h_kv={h_kv} must divide h_q={h_q}")
     if is_fp8:
         _check(k_cache.dtype in (torch.uint8, torch.float8_e4m3fn), TypeError,
-               f"k_cache: with is_fp8_kvcache=True expected uint8 (656-byte tokens), got {k_cache.dtype}")
+               lambda: f"k_cache: with is_fp8_kvcache=True expected uint8 (656-byte tokens), got {k_cache.dtype}")
         _check(k_cache.shape[3] == FP8_BYTES and d == 576 and head_dim_v == 512, ValueError,
-               f"k_cache: FP8 cache needs d=576, head_dim_v=512 and {FP8_BYTES} bytes per token, got "
+               lambda: f"k_cache: FP8 cache needs d=576, head_dim_v=512 and {FP8_BYTES} bytes per token, got "
                f"d={d}, head_dim_v={head_dim_v}, {k_cache.shape[3]} bytes")
     else:
-        _check(k_cache.dtype == q.dtype, TypeError, f"k_cache: expected {q.dtype} (dtype of q), got {k_cache.dtype}")
-        _check(k_cache.shape[3] == d, ValueError, f"k_cache: head dim {k_cache.shape[3]} != q head dim {d}")
+        _check(k_cache.dtype == q.dtype, TypeError,
+               lambda: f"k_cache: expected {q.dtype} (dtype of q), got {k_cache.dtype}")
+        _check(k_cache.shape[3] == d, ValueError, lambda: f"k_cache: head dim {k_cache.shape[3]} != q head dim {d}")
     _check(isinstance(head_dim_v, int) and 1 <= head_dim_v <= d, ValueError,
-           f"head_dim_v: expected an int in [1, {d}], got {head_dim_v!r}")
-    _check(block_table.dtype == torch.int32, TypeError, f"block_table: expected int32, got {block_table.dtype}")
+           lambda: f"head_dim_v: expected an int in [1, {d}], got {head_dim_v!r}")
+    _check(block_table.dtype == torch.int32, TypeError, lambda: f"block_table: expected int32, got {block_table.dtype}")
     _check(block_table.dim() == 2 and block_table.shape[0] == batch, ValueError,
-           f"block_table: expected [batch={batch}, max_blocks], got shape {tuple(block_table.shape)}")
+           lambda: f"block_table: expected [batch={batch}, max_blocks], got shape {tuple(block_table.shape)}")
     _check(block_table.stride(1) == 1, ValueError, "block_table: rows must be contiguous (stride(1) == 1)")
-    _check(cache_seqlens.dtype == torch.int32, TypeError, f"cache_seqlens: expected int32, got {cache_seqlens.dtype}")
+    _check(cache_seqlens.dtype == torch.int32, TypeError,
+           lambda: f"cache_seqlens: expected int32, got {cache_seqlens.dtype}")
     _check(tuple(cache_seqlens.shape) == (batch,) and cache_seqlens.is_contiguous(), ValueError,
-           f"cache_seqlens: expected contiguous [batch={batch}], got shape {tuple(cache_seqlens.shape)}")
+           lambda: f"cache_seqlens: expected contiguous [batch={batch}], got shape {tuple(cache_seqlens.shape)}")
     _check(meta.dtype == torch.int32 and meta.dim() == 2 and meta.shape[1] == ref.META_SIZE and meta.is_contiguous(),
-           ValueError, f"tile_scheduler_metadata: expected contiguous int32 [num_sm_parts, 8], got {meta.dtype} {tuple(meta.shape)}")
+           ValueError, lambda: f"tile_scheduler_metadata: expected contiguous int32 [num_sm_parts, 8], "
+                               f"got {meta.dtype} {tuple(meta.shape)}")
     _check(num_splits.dtype == torch.int32 and tuple(num_splits.shape) == (batch + 1,) and num_splits.is_contiguous(),
-           ValueError, f"num_splits: expected contiguous int32 [batch + 1 = {batch + 1}], got {num_splits.dtype} {tuple(num_splits.shape)}")
+           ValueError, lambda: f"num_splits: expected contiguous int32 [batch + 1 = {batch + 1}], "
+                               f"got {num_splits.dtype} {tuple(num_splits.shape)}")
     # Value checks need the host (a sync); skipped while a CUDA graph is being captured, and for the tensor that
     # passed last time when it is unchanged (same object, same version counter: the layers of a decode step)
     cap = block_table.shape[1] * ref.PAGE_SIZE
     if not (q.is_cuda and torch.cuda.is_current_stream_capturing()) and not _seqlens_checked(cache_seqlens, cap):
         lo, hi = torch.aminmax(cache_seqlens)
         lo, hi = int(lo), int(hi)
-        _check(lo >= 0, ValueError, f"cache_seqlens: must be >= 0, got min {lo}")
+        _check(lo >= 0, ValueError, lambda: f"cache_seqlens: must be >= 0, got min {lo}")
         _check(hi <= cap, ValueError,
-               f"cache_seqlens: max {hi} exceeds the block table's capacity {block_table.shape[1]} pages x 64 = {cap}")
+               lambda: f"cache_seqlens: max {hi} exceeds the block table's capacity "
+                       f"{block_table.shape[1]} pages x 64 = {cap}")
         if not cache_seqlens.is_inference():   # (inference tensors keep no version counter: checked every call)
             _last_checked[:] = [weakref.ref(cache_seqlens), cache_seqlens._version, cap]
 
