@@ -268,8 +268,10 @@ __device__ __forceinline__ void write_p_planes(uint32_t uPhi, uint32_t uPlo, con
       if constexpr (F16) {
         const __half2 hi = __floats2half2_rn(p0, p1);
         st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
-        const __half2 lo = __floats2half2_rn(p0 - __low2float(hi), p1 - __high2float(hi));
-        if (LO) st_shared_u32(uPlo + off, *reinterpret_cast<const uint32_t*>(&lo));
+        if (LO) {
+          const __half2 lo = __floats2half2_rn(p0 - __low2float(hi), p1 - __high2float(hi));
+          st_shared_u32(uPlo + off, *reinterpret_cast<const uint32_t*>(&lo));
+        }
       } else {
         const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
         st_shared_u32(uPhi + off, *reinterpret_cast<const uint32_t*>(&hi));
@@ -411,8 +413,10 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
         bar_arrive(bar_p_full(i), 256);
         bar_sync(BAR_WG1_ONLY, 128);
       };
-      if (has_pages && CH == 0) mbar_wait(F16 ? c.bar_qready : bar_qfull, qn & 1);
-      if (F16 && CH == 0 && has_pages) sl2 = scale_log2 * *c.sQmul;  // (read after the wait)
+      if (has_pages && CH == 0) {
+        mbar_wait(F16 ? c.bar_qready : bar_qfull, qn & 1);
+        if (F16) sl2 = scale_log2 * *c.sQmul;  // (read after the wait)
+      }
       qn += has_pages;
       if constexpr (CH == 1) {
         for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {

@@ -107,8 +107,8 @@ _passed: dict = {}
 
 
 def _unchanged_since_passed(check: str, t: torch.Tensor, bounds: tuple) -> bool:
-    ref, version, passed = _passed.get(check, (None, -1, None))
-    return ref is not None and ref() is t and not t.is_inference() and version == t._version and passed == bounds
+    ref, version, passed = _passed.get(check, (None, -1, None))  # (_mark_passed records no inference tensor)
+    return ref is not None and ref() is t and version == t._version and passed == bounds
 
 
 def _mark_passed(check: str, t: torch.Tensor, bounds: tuple) -> None:

@@ -218,10 +218,9 @@ _last_checked: list = [lambda: None, -1, -1]   # the cache_seqlens whose values 
 def _seqlens_checked(cache_seqlens: torch.Tensor, cap: int) -> bool:
     """True when cache_seqlens is the tensor whose values passed last, not written since (PyTorch bumps the
     version counter on every in-place write; a kernel writing through a raw pointer does not: see README)
-    and checked against at most this capacity."""
+    and checked against at most this capacity. (Only tensors with a version counter are ever recorded.)"""
     tensor, version, checked_cap = _last_checked
-    return (tensor() is cache_seqlens and not cache_seqlens.is_inference() and version == cache_seqlens._version
-            and cap >= checked_cap)
+    return tensor() is cache_seqlens and version == cache_seqlens._version and cap >= checked_cap
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
