@@ -135,6 +135,28 @@ def test_fill_disk_gives_enospc_and_corrupts_nothing(tmp_path):
         fs.close()
 
 
+def test_a_service_that_dies_is_reported_at_once_with_its_log(tmp_path):
+    """A service that exits on its own makes the cluster's waits fail at once, naming it and
+    quoting its log, instead of timing out on chains that can never serve."""
+    with LocalCluster(str(tmp_path / "dead"), 3, 3, chains=1) as c:
+        os.kill(c.procs["s2"]["pid"], signal.SIGKILL)  # behind the cluster's back
+        c.procs["s2"]["proc"].wait(timeout=10)
+        t0 = time.time()
+        with pytest.raises(RuntimeError, match=r"s2 \(storage, 127\.0\.0\.1:\d+\) exited") as ei:
+            c.wait_serving(timeout=60)
+        assert time.time() - t0 < 10
+        assert "listening on" in str(ei.value)  # the tail of s2's log
+
+
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range():
+    from threefs.cluster import free_port
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo = int(f.read().split()[0])
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < lo for p in ports)
+
+
 def test_crashed_client_sessions_expire(tmp_path):
     import subprocess
     import sys

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -19,10 +20,40 @@ import time
 from . import rpc
 
 
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port, free now, that this process has not handed out before.
+
+    The service binds it later, and a port from bind(0) lies in the kernel's ephemeral range,
+    where an outgoing connection may take it as its source port in between (the service then
+    dies with EADDRINUSE). So the port is drawn below that range, where connect() never looks.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    rng = random.SystemRandom()
+    for _ in range(200 if lo > 2048 else 0):
+        port = rng.randrange(max(1024, lo // 2), lo)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    while True:  # no room below the ephemeral range: take the kernel's pick
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
 
 
 def dump_toml(d: dict) -> str:
@@ -219,6 +250,7 @@ class LocalCluster:
         end = time.time() + timeout
         st = None
         while time.time() < end:
+            self._check_running()
             st = self.status()
             alive = sum(1 for n in (st or {}).get("nodes", {}).values()
                         if n["type"] == "storage" and n["alive"])
@@ -229,9 +261,24 @@ class LocalCluster:
             time.sleep(0.1)
         raise TimeoutError(f"chains not all serving after {timeout}s: {st and st['chains']}")
 
+    def _check_running(self):
+        """Raise at once, with its log's tail, when a service started here has exited on its own
+        (waiting for it to serve would only time out)."""
+        for name, p in self.procs.items():
+            proc = p.get("proc")
+            if p["service"] != "etcd" and proc is not None and proc.poll() is not None:
+                try:
+                    with open(f"{self.root}/logs/{name}.log", "rb") as f:
+                        tail = f.read()[-2000:].decode(errors="replace")
+                except OSError as e:
+                    tail = f"(no log: {e})"
+                raise RuntimeError(f"{name} ({p['service']}, {p['addr']}) exited with status "
+                                   f"{proc.returncode}; the end of its log:\n{tail}")
+
     def wait_meta(self, timeout: float = 30.0):
         end = time.time() + timeout
         while time.time() < end:
+            self._check_running()
             st = self.status()
             if st and sum(1 for n in st["nodes"].values()
                           if n["type"] == "meta" and n["alive"]) >= self.n_alive_meta():
