@@ -170,7 +170,10 @@ class LocalCluster:
         p = self.procs[name]
         if p.get("pid"):
             try:
-                os.kill(p["pid"], sig)
+                if p.get("proc") is not None:
+                    p["proc"].send_signal(sig)  # a no-op once it has exited (its pid may be reused)
+                else:
+                    os.kill(p["pid"], sig)
             except ProcessLookupError:
                 pass
             if p.get("proc") is not None:
