@@ -152,6 +152,8 @@ def test_free_ports_are_distinct_and_outside_the_ephemeral_range():
     from threefs.cluster import free_port
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         lo = int(f.read().split()[0])
+    if lo <= 2048:
+        pytest.skip(f"no room below this host's ephemeral port range (it starts at {lo})")
     ports = [free_port() for _ in range(300)]
     assert len(set(ports)) == len(ports)
     assert all(1024 <= p < lo for p in ports)
