@@ -240,21 +240,18 @@ __global__ void __launch_bounds__(NTHREADS, 1)
         auto put = [&](int bx, int i, uint4 v, auto fast_f16) {
           const float f = r0 + 8 * i < valid ? sc[bx][i] : 0.f;
           const uint32_t row = stage + (4 * bx + (cb >> 2)) * SLAB + (r0 + 8 * i) * 128;
+          auto store = [&](auto cv) {  // cv: two e4m3 (low 16 bits) -> two converted values
+            st_shared_v4(row + sw0, cv(v.x & 0xffffu), cv(v.x >> 16), cv(v.y & 0xffffu), cv(v.y >> 16));
+            st_shared_v4(row + sw1, cv(v.z & 0xffffu), cv(v.z >> 16), cv(v.w & 0xffffu), cv(v.w >> 16));
+          };
           if constexpr (!F16) {
-            st_shared_v4(row + sw0, dq2(v.x & 0xffffu, f), dq2(v.x >> 16, f), dq2(v.y & 0xffffu, f), dq2(v.y >> 16, f));
-            st_shared_v4(row + sw1, dq2(v.z & 0xffffu, f), dq2(v.z >> 16, f), dq2(v.w & 0xffffu, f), dq2(v.w >> 16, f));
+            store([&](uint32_t two) { return dq2(two, f); });
           } else if constexpr (decltype(fast_f16)::value) {
             const __half2 f2 = __float2half2_rn(f);
-            st_shared_v4(row + sw0, dq2_f16(v.x & 0xffffu, f2), dq2_f16(v.x >> 16, f2), dq2_f16(v.y & 0xffffu, f2),
-                         dq2_f16(v.y >> 16, f2));
-            st_shared_v4(row + sw1, dq2_f16(v.z & 0xffffu, f2), dq2_f16(v.z >> 16, f2), dq2_f16(v.w & 0xffffu, f2),
-                         dq2_f16(v.w >> 16, f2));
+            store([&](uint32_t two) { return dq2_f16(two, f2); });
           } else {
             const float se = f16_safe(f) ? __half2float(__float2half_rn(f)) : f;
-            st_shared_v4(row + sw0, dq2_f16_f32(v.x & 0xffffu, se), dq2_f16_f32(v.x >> 16, se),
-                         dq2_f16_f32(v.y & 0xffffu, se), dq2_f16_f32(v.y >> 16, se));
-            st_shared_v4(row + sw1, dq2_f16_f32(v.z & 0xffffu, se), dq2_f16_f32(v.z >> 16, se),
-                         dq2_f16_f32(v.w & 0xffffu, se), dq2_f16_f32(v.w >> 16, se));
+            store([&](uint32_t two) { return dq2_f16_f32(two, se); });
           }
         };
         auto put_box = [&](int bx, auto chunk) {  // chunk(i): the raw 16 bytes of row group i
