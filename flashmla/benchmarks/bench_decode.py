@@ -131,7 +131,7 @@ def main():
                     help="time our variants (and in the FP8 table the BF16 cache) this many times each, in "
                          "rotating order, and report the median: for A/B runs, against clock drift")
     ap.add_argument("--kernels", default="auto",
-                    help="comma-separated FLASHMLA_KERNEL variants to time side by side (auto, default, wgmma)")
+                    help="comma-separated FLASHMLA_KERNEL variants to time side by side (auto, default, wgmma, swapab)")
     args = ap.parse_args()
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     bad = [k for k in kernels if parse_variant(k) is None]

@@ -32,8 +32,9 @@ struct DecodeArgs {
 };
 
 // FLASHMLA_KERNEL unset or 'auto': the wgmma kernel runs from this many query rows (s_q * h_q) per
-// request on, for a BF16 cache and for the FP8 cache. BF16: every row count (measured on the H200:
-// its TMA stream beats the mma.sync kernel even at 16 rows, padded to its 64-row tile). FP8 cache:
+// request on, for a BF16 cache and for the FP8 cache, where the swap-AB kernel does not (it takes up
+// to swapab_max_rows() rows of either cache). BF16: every row count above swap-AB's (measured on the
+// H200: its TMA stream beats the mma.sync kernel even at 16 rows, padded to its 64-row tile). FP8 cache:
 // from 33 rows, above the swap-AB kernel's 32 (H200, session 14: the FP8 wgmma kernel is 2.6x the
 // mma.sync FP8 path at 40-56 rows, 0.78-0.82x vs 0.30x the BF16 cache; 1.7-2.0x before at 64-128).
 // The GPU tests read both via _C.auto_wgmma_min_rows.
@@ -49,13 +50,14 @@ constexpr int kWgmmaWg1Cols = 128;
 // chunk ring keeps only 4 (16 rows) or 3 (32 rows) x 10.25 KiB of copies in flight per SM; H200 A/B,
 // sessions 12 and 15: 2 and 0 within 1-3 %, 4 slower by up to 8 %).
 constexpr int kSwapabL2Prefetch = 2;
-// FLASHMLA_KERNEL unset or 'auto' with an FP8 cache: the swap-AB kernel up to this many query rows,
-// 1..16 rows in its 16-row instantiation, 17..32 in its 32-row one (wgmma m64n32k16). H200
-// (BENCHMARKS.md, session 15): 1.20-1.29x the BF16 cache at 8-16 rows; 0.98-1.03x at 24/32 rows, where
-// the mma.sync FP8 path it replaced ran at 0.60-0.64x.
+// FLASHMLA_KERNEL unset or 'auto': the swap-AB kernel up to this many query rows, 1..16 rows in its
+// 16-row instantiation, 17..32 in its 32-row one (wgmma m64n32k16). FP8 cache, H200 (BENCHMARKS.md,
+// session 15): 1.20-1.29x the BF16 cache at 8-16 rows; 0.98-1.03x at 24/32 rows, where the mma.sync FP8
+// path it replaced ran at 0.60-0.64x. BF16 cache (session 22): 0.98-1.23x the BF16 wgmma kernel.
 constexpr int kSwapabMaxRows = 32;
 // FLASHMLA_SWAPAB_MAX_ROWS: unset or 32: kSwapabMaxRows; 16 (opt-out): 17..32 rows go back to the
-// mma.sync FP8 path, under auto and FLASHMLA_KERNEL=swapab. Any other value: swapab_max_rows()
+// mma.sync FP8 path (FP8 cache) or the wgmma kernel (BF16 cache) under auto, to the default kernel
+// under FLASHMLA_KERNEL=swapab. Any other value: swapab_max_rows()
 // returns -1 (launch_mla_decode reports it).
 inline int swapab_max_rows() {
   const char* v = std::getenv("FLASHMLA_SWAPAB_MAX_ROWS");
@@ -77,6 +79,9 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 // without launching when a.is_fp8 is false, s_q * h_q > max_rows (16 or 32: swapab_max_rows()),
 // the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows);
+// The same kernel for a BF16 cache (pages by TMA, no dequantisers; auto or FLASHMLA_KERNEL=swapab): -1
+// without launching for an FP8 cache, more than max_rows rows, or tensors TMA cannot address.
+int launch_mla_decode_swapab_bf16(const DecodeArgs& a, void* stream, int max_rows);
 // get_mla_metadata's scheduler (ref.schedule_ref): every segment costs seg_ovh pages beside its
 // own, 0..kMaxSegOverhead (api.py passes 5, or FLASHMLA_SPLIT_OVH)
 constexpr int kMaxSegOverhead = 255;

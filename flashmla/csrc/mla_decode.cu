@@ -504,16 +504,16 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   // FLASHMLA_KSPLIT=0 selects the key-split S phase for 16/32-row tiles (the K-split is the default)
   const char* env = getenv("FLASHMLA_KSPLIT");
   const bool ks = !(env && env[0] == '0');
-  // FLASHMLA_KERNEL: unset or 'auto' runs the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu)
-  // for a BF16 cache from kAutoWgmmaMinRows query rows per request on (launch.h: all of them);
-  // 'default' (the mma.sync kernel below) or 'wgmma' force one. For the FP8 cache,
-  // 'wgmma' runs mla_decode_wgmma_fp8.cu and auto runs it from kFp8WgmmaMinRows query rows on
-  // (launch.h: 64). Tensors TMA cannot address always run the kernel below.
+  // FLASHMLA_KERNEL: unset or 'auto' runs the swap-AB kernel up to swapab_max_rows() query rows per
+  // request (both caches) and above that the warp-specialised wgmma/TMA kernel (mla_decode_wgmma.cu;
+  // for the FP8 cache mla_decode_wgmma_fp8.cu from kFp8WgmmaMinRows rows, launch.h); 'default' (the
+  // mma.sync kernel below), 'wgmma' or 'swapab' force one. Tensors TMA cannot address always run the
+  // kernel below.
   const char* kern = getenv("FLASHMLA_KERNEL");
   const bool auto_pick = !kern || !kern[0] || strcmp(kern, "auto") == 0;
-  // 'swapab' runs the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) for an FP8 cache with at most
-  // swapab_max_rows() (kSwapabMaxRows = 32; 16 under FLASHMLA_SWAPAB_MAX_ROWS=16) query rows per
-  // request, as auto does; anything else under 'swapab' (BF16 cache, more rows) runs the default kernel.
+  // 'swapab' runs the swap-AB kernel (mla_decode_swapab_fp8.cu) for at most swapab_max_rows()
+  // (kSwapabMaxRows = 32; 16 under FLASHMLA_SWAPAB_MAX_ROWS=16) query rows per request, as auto does for
+  // both caches; more rows under 'swapab' run the default kernel.
   if (!auto_pick && strcmp(kern, "default") != 0 && strcmp(kern, "wgmma") != 0 && strcmp(kern, "swapab") != 0)
     return "FLASHMLA_KERNEL must be unset, 'auto', 'default', 'wgmma' or 'swapab'";
   // FLASHMLA_P_BF16_MIN_KEYS (wgmma kernel): requests with at least this many keys round P to bf16
@@ -538,12 +538,16 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   if (sab_rows < 0) return "FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32";
   cudaError_t e = cudaSuccess;
   int wg = -1;  // -1: not run (not selected, or tensors TMA cannot address)
-  const bool want_wg = auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0;
+  // swap-AB up to sab_rows query rows, under auto for both caches (BF16: H200, session 22, 0.98-1.23x the
+  // wgmma kernel at 16-32 rows) or when asked; wgmma above that under auto, or when asked
+  const bool want_sab = auto_pick ? m <= sab_rows : strcmp(kern, "swapab") == 0;
+  const bool want_wg =
+      !want_sab && (auto_pick ? m >= (a.is_fp8 ? kFp8WgmmaMinRows : kAutoWgmmaMinRows) : strcmp(kern, "wgmma") == 0);
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
-  if (a.is_fp8 && (auto_pick ? m <= sab_rows : strcmp(kern, "swapab") == 0)) {
-    if (!(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
-    wg = launch_mla_decode_swapab_fp8(a, stream, sab_rows);  // -1: not an FP8 cache of <= sab_rows rows, or no TMA
+  if (want_sab) {  // -1: more than sab_rows rows, or tensors TMA cannot address
+    if (a.is_fp8 && !(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
+    wg = a.is_fp8 ? launch_mla_decode_swapab_fp8(a, stream, sab_rows) : launch_mla_decode_swapab_bf16(a, stream, sab_rows);
     g_last_kernel = wg >= 0 ? "swapab" : "default";
   }
   if (wg >= 0) {

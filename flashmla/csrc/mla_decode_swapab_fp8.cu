@@ -43,6 +43,12 @@
 //   NCH x 10,496 B raw chunk ring (padded to 1 KiB) | 2 KiB P^T hi + 2 KiB P^T lo | 128 B mbarriers
 //   | sMax[2][4][16], sL[2][4][16] fp32.
 // CPU models: csrc/models/swapab_fp8_model.py (layouts, fragments, protocol; update together).
+//
+// BF16 cache (auto or FLASHMLA_KERNEL=swapab up to the same rows, BF = true): the same consumer, but the producer loads each page by
+// TMA straight into the bf16 stage (9 boxes of 64 rows x 128 B, 128B swizzle, as the BF16 wgmma kernel;
+// full[s]: its expect_tx + the bytes), the dequantiser warpgroups hand their registers back and exit, and
+// the consumer zeroes the V rows past the request's length in its last page (after S, before P V: NaN x 0
+// would stay NaN), which the dequantisers do for the FP8 cache. The raw ring is left unused.
 #include "wgmma_common.cuh"
 
 #include <cuda_fp8.h>
@@ -186,6 +192,37 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
   }
 }
 
+// BF16 cache: page blk of the CTA (its it-th) by TMA into stage it & 1, once the consumer released it
+template <int NR>
+__device__ __forceinline__ void sab_producer_bf16(const DecodeArgs& a, const SabCta<NR>& c, const CUtensorMap* tmK,
+                                                  const CUtensorMap* tmQ) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmK)) : "memory");
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
+  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.kcache);
+  int it = 0, qn = 0;
+  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
+    if (w.split && w.g >= a.batch + a.parts) break;
+    if (w.kbeg >= w.kend) continue;
+    const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+    const int pf = a.l2_prefetch_pages;
+    for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p) prefetch_l2_bulk(kc + (int64_t)bt[p] * PAGE * D_QK, TILE);
+    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+      if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc + (int64_t)bt[blk + pf] * PAGE * D_QK, TILE);
+      const int s = it & 1;
+      mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it - 2
+      mbar_expect_tx(c.full(s), TILE);
+      for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uK + s * TILE + j * SLAB, tmK, j * 64, bt[blk] * PAGE, c.full(s));
+      if (blk == w.kbeg) {  // Q behind the request's first page, as for the FP8 cache
+        mbar_wait(c.q_empty(), (qn & 1) ^ 1);
+        mbar_expect_tx(c.q_full(), NSLAB * SabLayout<NR>::QSLAB);
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * SabLayout<NR>::QSLAB, tmQ, j * 64, b * c.m, c.q_full());
+        ++qn;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dequantiser (WG0 / WG3, t = 0..127)
 // NoPE: lane l of warp w takes the 8 fp8 columns from c0 = 8(l & 15) + 256(l >> 4) and the 8 from
 // c0 + 128, of tokens w + 4i (i = 0..3) of each chunk: two 8-byte loads (each half warp reads 128
@@ -276,7 +313,7 @@ __device__ __forceinline__ void sab_dequant(const DecodeArgs& a, const SabCta<NR
 // Accumulator fragment of m64nNR (NR / 2 per thread, index j*4 + h*2 + e, j < NR / 8): M row
 // w*16 + gq + 8h, N column 8j + 2cq + e. S^T: M = key of the page, N = query row. O^T: M = value
 // column (+ 64 per m-tile). Each thread holds KC = NR / 4 query-row columns k = 2j + e.
-template <int NR, bool LO>
+template <int NR, bool LO, bool BF>
 __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR>& c, const Work& w, int b, int t,
                                             int& it, int& qn, int& pg, int& rq) {
   constexpr int QSLAB = SabLayout<NR>::QSLAB, NF = NR / 2, KC = NR / 4;
@@ -342,6 +379,11 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
         *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
     }
     bar_sync(BAR_SMAX, 128);  // also: every warp is past the previous page's P V (P^T is free)
+    // BF16 cache: rows past the length in the V slabs of the request's last page (every warp's S is done;
+    // the fence and barrier after P^T publish the zeros to P V)
+    if constexpr (BF) {
+      if (w.L - blk * PAGE < PAGE) zero_v_tail(uKs, w.L - blk * PAGE, t);
+    }
     float al[KC], muse[KC];
 #pragma unroll
     for (int j = 0; j < NR / 8; ++j) {
@@ -450,9 +492,10 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
   }
 }
 
-template <int NR>
+template <int NR, bool BF>
 __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
-    mla_decode_swapab_fp8_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
+    mla_decode_swapab_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmK,
+                             const __grid_constant__ CUtensorMap tmQ) {
   using L = SabLayout<NR>;
   constexpr int NCH = L::NCH;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -473,7 +516,7 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
       mbar_init(c.raw_empty(i), 128);
     }
     for (int s = 0; s < 2; ++s) {
-      mbar_init(c.full(s), 128 * L::NDQ);
+      mbar_init(c.full(s), BF ? 1 : 128 * L::NDQ);
       mbar_init(c.empty(s), 128);
     }
     mbar_init(c.q_full(), 1);
@@ -485,11 +528,15 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
   const int wg = threadIdx.x >> 7;
   if (wg == 2) {  // warp 8 lane 0 is the producer, warps 9-11 only hand their registers back
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SAB_PRODUCER_REGS) : "memory");
-    if (threadIdx.x == 256) sab_producer(a, c, &tmQ);
+    if (threadIdx.x == 256) {
+      if constexpr (BF) sab_producer_bf16(a, c, &tmK, &tmQ);
+      else sab_producer(a, c, &tmQ);
+    }
     return;
   }
   if (wg != 1) {
-    sab_dequant(a, c, threadIdx.x & 127, wg == 0 ? 0 : 1);
+    if constexpr (BF) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SAB_PRODUCER_REGS) : "memory");
+    else sab_dequant(a, c, threadIdx.x & 127, wg == 0 ? 0 : 1);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SabRegs<NR>::CONSUMER) : "memory");
@@ -498,19 +545,20 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
-    if (w.L < a.p_bf16_min_keys) sab_request<NR, true>(a, c, w, b, t, it, qn, pg, rq);
-    else sab_request<NR, false>(a, c, w, b, t, it, qn, pg, rq);
+    if (w.L < a.p_bf16_min_keys) sab_request<NR, true, BF>(a, c, w, b, t, it, qn, pg, rq);
+    else sab_request<NR, false, BF>(a, c, w, b, t, it, qn, pg, rq);
   }
 }
 
-// Builds Q's tensor map and launches the NR-row instantiation (-1 without launching: no TMA).
-template <int NR>
+// Builds Q's tensor map (and K's for a BF16 cache) and launches the NR-row instantiation (-1 without
+// launching: no TMA).
+template <int NR, bool BF>
 int launch_swapab(const DecodeArgs& a, int m, void* stream) {
   auto fn = encode_tiled();
   if (!fn) return -1;
   // Q as rows of 576 bf16, boxes of NR rows x 64 columns, 128B swizzle (rows past the tensor read 0;
   // rows of the next request are finite and only reach the padding columns of S^T and O^T)
-  alignas(64) CUtensorMap tmQ;
+  alignas(64) CUtensorMap tmK, tmQ;
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(D_QK), static_cast<cuuint64_t>(a.batch) * m};
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(D_QK * 2)};
   cuuint32_t box[2] = {64, NR}, estr[2] = {1, 1};
@@ -518,11 +566,14 @@ int launch_swapab(const DecodeArgs& a, int m, void* stream) {
          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return -1;
+  if (BF && !make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE)) return -1;
+  if (!BF) tmK = tmQ;  // (unused)
   constexpr int smem = SabLayout<NR>::SMEM;
   cudaError_t e =
-      cudaFuncSetAttribute(mla_decode_swapab_fp8_kernel<NR>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(mla_decode_swapab_kernel<NR, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  mla_decode_swapab_fp8_kernel<NR><<<dim3(1, a.parts), SabLayout<NR>::THREADS, smem, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
+  mla_decode_swapab_kernel<NR, BF><<<dim3(1, a.parts), SabLayout<NR>::THREADS, smem, static_cast<cudaStream_t>(stream)>>>(
+      a, tmK, tmQ);
   return cudaGetLastError();
 }
 
@@ -536,7 +587,16 @@ int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows
   if (!a.is_fp8 || m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != (int64_t)SAB_PAGE ||
       (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
     return -1;
-  return m <= 16 ? launch_swapab<16>(a, m, stream) : launch_swapab<32>(a, m, stream);
+  return m <= 16 ? launch_swapab<16, false>(a, m, stream) : launch_swapab<32, false>(a, m, stream);
+}
+
+int launch_mla_decode_swapab_bf16(const DecodeArgs& a, void* stream, int max_rows) {
+  // BF16 cache, the same row limits; pages back to back and 16-byte aligned pointers (TMA rows of 576)
+  const int m = a.s_q * a.h_q;
+  if (a.is_fp8 || m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != (int64_t)PAGE * D_QK ||
+      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
+    return -1;
+  return m <= 16 ? launch_swapab<16, true>(a, m, stream) : launch_swapab<32, true>(a, m, stream);
 }
 
 }  // namespace flashmla

@@ -25,11 +25,12 @@ WGMMA_SETTINGS = {"wgmma": "256", "wgmma_split128": "128", "wgmma_ovh0": "128"}
 SPLIT_OVH_SETTINGS = {"wgmma_ovh0": "0"}
 
 
-@pytest.fixture(params=["default"] + list(WGMMA_SETTINGS))
+@pytest.fixture(params=["default"] + list(WGMMA_SETTINGS) + ["swapab"])
 def kernel(request, monkeypatch):
     """Runs a decode test once per kernel variant (read by the launcher at every call); the BF16
     wgmma kernel under both FLASHMLA_WGMMA_SPLIT values (O columns of its S/softmax warpgroup), and
-    once more under the scheduler's FLASHMLA_SPLIT_OVH=0 (SPLIT_OVH_SETTINGS)."""
+    once more under the scheduler's FLASHMLA_SPLIT_OVH=0 (SPLIT_OVH_SETTINGS); swapab: the swap-AB
+    kernel for both caches up to 32 query rows (the default kernel above that)."""
     monkeypatch.setenv("FLASHMLA_KERNEL", request.param.split("_")[0])
     monkeypatch.setenv("FLASHMLA_WGMMA_SPLIT", WGMMA_SETTINGS.get(request.param, "256"))
     if request.param in SPLIT_OVH_SETTINGS:
@@ -112,12 +113,12 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     res = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=causal, is_fp8_kvcache=fp8)
     # the variant that actually ran: wgmma when selected (BF16 or FP8 cache) or, under auto, from the
     # launcher's row thresholds on (_C.auto_wgmma_min_rows: 1 for a BF16 cache, 33 for FP8); the
-    # swap-AB kernel for an FP8 cache of at most _C.auto_swapab_max_rows rows (32; 16 under
-    # FLASHMLA_SWAPAB_MAX_ROWS=16, which the binding reads at each call), under auto or swapab
+    # swap-AB kernel for at most _C.auto_swapab_max_rows rows (32; 16 under FLASHMLA_SWAPAB_MAX_ROWS=16,
+    # which the binding reads at each call) of either cache, under auto or swapab
     sel = os.environ.get("FLASHMLA_KERNEL") or "auto"
     auto_rows = flashmla.api._C.auto_wgmma_min_rows(fp8)
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
-    if sel in ("swapab", "auto") and fp8 and s_q * h_q <= flashmla.api._C.auto_swapab_max_rows():
+    if sel in ("swapab", "auto") and s_q * h_q <= flashmla.api._C.auto_swapab_max_rows():
         want = "swapab"
     assert flashmla.api._C.last_kernel() == want
     return res
@@ -374,9 +375,9 @@ def test_fp8_wgmma_cuda_graph_replay(monkeypatch):
                                          (64, 1, True), (16, 1, True), (8, 2, True), (32, 1, True),
                                          (40, 1, True), (24, 2, True)])
 def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
-    """Without FLASHMLA_KERNEL the launcher picks wgmma from _C.auto_wgmma_min_rows query rows per
-    request on (BF16 cache: always; FP8 cache: from 33 rows), for an FP8 cache swap-AB up to 32 rows,
-    and the default kernel otherwise (run() asserts which ran); results meet the tolerances."""
+    """Without FLASHMLA_KERNEL the launcher picks swap-AB up to 32 rows (either cache), wgmma from
+    _C.auto_wgmma_min_rows query rows per request on above that (BF16 cache: always; FP8 cache: from 33
+    rows), and the default kernel otherwise (run() asserts which ran); results meet the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
     lens = [4097, 0, 63, 1025, 1]
@@ -467,8 +468,8 @@ def test_fp8_swapab_matches_default_kernel(h_q, s_q, monkeypatch):
 
 def test_fp8_swapab_falls_back(monkeypatch):
     """FLASHMLA_KERNEL=swapab with more than 32 query rows (more than 16 under the opt-out
-    FLASHMLA_SWAPAB_MAX_ROWS=16), or with a BF16 cache, runs the default kernel (run() asserts which
-    ran) and meets the tolerances; a FLASHMLA_SWAPAB_MAX_ROWS other than 16 or 32 is an error."""
+    FLASHMLA_SWAPAB_MAX_ROWS=16) runs the default kernel, for an FP8 and a BF16 cache (run() asserts
+    which ran) and meets the tolerances; a FLASHMLA_SWAPAB_MAX_ROWS other than 16 or 32 is an error."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
@@ -486,8 +487,10 @@ def test_fp8_swapab_falls_back(monkeypatch):
     with pytest.raises(RuntimeError, match="FLASHMLA_SWAPAB_MAX_ROWS must be 16 or 32"):
         flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, causal=True, is_fp8_kvcache=True)
     monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS")
-    q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=3)
-    check(*run(q, kc, bt, sl), *flashmla.mla_decode_ref(q, kc, bt, sl, 512))
+    for h_q in (33, 16):
+        q, kc, bt, sl = make_inputs(len(lens), lens, h_q, 1, device=DEV, seed=3)
+        check(*run(q, kc, bt, sl), *flashmla.mla_decode_ref(q, kc, bt, sl, 512))
+        assert flashmla.api._C.last_kernel() == ("default" if h_q > 32 else "swapab")
 
 
 def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
@@ -532,27 +535,51 @@ def test_fp8_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
                   page_tails=True)
 
 
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (16, 2)])
+def test_bf16_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
+    """The swap-AB kernel with a BF16 cache (FLASHMLA_KERNEL=swapab) captured in a CUDA graph and replayed
+    with new lengths (0, tails inside a page), each replay checked against the reference (32 rows: NR =
+    32); NaN past the lengths: the sweeps through the `kernel` fixture."""
+    need_kernel()
+    monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
+    swapab_default_rows(monkeypatch)
+    batch, cap = 6, 4160
+    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=14)
+    static_sl = sl.clone()
+
+    def step():
+        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
+        return flashmla.flash_mla_with_kvcache(q, kc, bt, static_sl, 512, meta, splits, causal=True)
+
+    graph, (g_out, g_lse) = capture(step)
+    assert flashmla.api._C.last_kernel() == "swapab"
+    check_replays(graph, g_out, g_lse, static_sl, cap,
+                  lambda: flashmla.mla_decode_ref(q, kc, bt, static_sl, 512, causal=True), page_tails=True)
+
+
+@pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("h_q,s_q", [(32, 1), (16, 2), (24, 1), (16, 1)])
-def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, monkeypatch):
-    """Auto with an FP8 cache: 17..32 rows run swap-AB by default (FLASHMLA_SWAPAB_MAX_ROWS unset or
-    32) and the mma.sync FP8 path under the opt-out FLASHMLA_SWAPAB_MAX_ROWS=16 (run() asserts which
-    kernel ran from _C.auto_swapab_max_rows); <= 16 rows run swap-AB under every setting; all meet
-    the tolerances."""
+def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, fp8, monkeypatch):
+    """Auto: 17..32 rows run swap-AB by default (FLASHMLA_SWAPAB_MAX_ROWS unset or 32) and, under the
+    opt-out FLASHMLA_SWAPAB_MAX_ROWS=16, the mma.sync FP8 path (FP8 cache) or the wgmma kernel (BF16
+    cache) (run() asserts which kernel ran from _C.auto_swapab_max_rows); <= 16 rows run swap-AB under
+    every setting; all meet the tolerances."""
     need_kernel()
     monkeypatch.delenv("FLASHMLA_KERNEL", raising=False)
     lens = [2000, 0, 63, 129, 9000]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=31 + h_q * s_q)
-    k8 = flashmla.quantize_kvcache(kc)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
+    kv = flashmla.quantize_kvcache(kc) if fp8 else kc
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(kv) if fp8 else kc, bt, sl, 512, causal=s_q > 1)
     ran = []
     for env in (None, "32", "16"):
         if env:
             monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
         else:
             monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
-        check(*run(q, k8, bt, sl, s_q > 1, fp8=True), ro, rl)
+        check(*run(q, kv, bt, sl, s_q > 1, fp8=fp8), ro, rl)
         ran.append(flashmla.api._C.last_kernel())
-    assert ran == (["swapab", "swapab", "default"] if h_q * s_q > 16 else ["swapab"] * 3)
+    above16 = "default" if fp8 else "wgmma"
+    assert ran == (["swapab", "swapab", above16] if h_q * s_q > 16 else ["swapab"] * 3)
 
 
 def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):

@@ -66,14 +66,15 @@ def test_fp8_wgmma_layout_model_passes_and_catches_mutants():
 
 
 def test_swapab_fp8_model_passes_and_catches_mutants():
-    """CPU model of the swap-AB FP8 kernel (csrc/models/swapab_fp8_model.py): its layouts, fragments
+    """CPU model of the swap-AB kernel (csrc/models/swapab_fp8_model.py): its layouts, fragments
     and reductions (16- and 32-row instantiations) reproduce attention on dequantize_kvcache, its
     mbarrier / named-barrier protocol passes over random schedules (16 rows: two dequantiser warpgroups
-    on a ring of 4 chunk slots; 32 rows: one on a ring of 3), and each deliberately broken offset, count,
+    on a ring of 4 chunk slots; 32 rows: one on a ring of 3; BF16 cache: whole pages by TMA, the V tail
+    zeroed between the consumer's SMAX and PT barriers), and each deliberately broken offset, count,
     wait, stride, buffer or ring depth (odd, or 2: a hang) is caught."""
     res = _model("swapab_fp8_model.py", "--trials", "100", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 18 mutants caught" in res.stdout
+    assert "all 24 mutants caught" in res.stdout
 
 
 

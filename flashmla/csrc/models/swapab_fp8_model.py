@@ -1,4 +1,5 @@
-"""CPU model of the swap-AB FP8 decode kernel (../mla_decode_swapab_fp8.cu). Update together.
+"""CPU model of the swap-AB decode kernel (../mla_decode_swapab_fp8.cu; FP8 cache, and the BF16 cache's
+protocol). Update together.
 
 layout: one request of a few pages replayed through the kernel's maps, in float64:
   - the dequantiser's thread -> (token, 8-column half) map per 16-token chunk, its swizzled stores
@@ -17,7 +18,8 @@ protocol: randomised interleavings of producer (bulk chunk ring, Q TMA after the
   chunks), the dequantisers (NR = 16: two warpgroups on alternate chunks; NR = 32: one) and four consumer warps (mbarriers with their counts and parities,
   named barriers of the consumer warpgroup, sMax by page parity, sL by request parity, one P^T
   buffer), for the ring depths of both instantiations (NCH 4 and 3): no deadlock, every read sees
-  the version it expects from start to end.
+  the version it expects from start to end; and the BF16 cache's: the producer's TMA of whole pages,
+  the consumer warps zeroing the V tail of a request's last page between the SMAX and PT barriers.
 `--mutants` breaks one offset, count, wait or buffer at a time and asserts each is caught. ~5 s:
 
     python flashmla/csrc/models/swapab_fp8_model.py [--trials N] [--mutants]
@@ -228,18 +230,22 @@ LAYOUT_MUTANTS = ("contiguous_16", "no_tail_zero", "scale_index", "rope_no_swizz
 
 
 # ------------------------------------------------------------------------------- protocol
-def run_protocol(reqs, seed, mut=None, NR=16):
+def run_protocol(reqs, seed, mut=None, NR=16, bf=False):
     """reqs: pages per request (0 = nothing in this part). Raises AssertionError on a race/deadlock.
     NR = 16: two dequantiser warpgroups D0 / D1 take chunks 0, 2 / 1, 3 of every page (128 arrivals
     each); the ring depth must be even, so that a slot always belongs to one of them (with an odd depth
     a warpgroup skips the other's phases of a slot, and its parity wait can pass on a phase it skipped:
     mutant "odd_ring"), and above 2 (with 2, a warpgroup waits for its next chunk to land in the slot it
     has not released yet: mutant "ring_2", the hang of session 15's 32-row experiment). NR = 32: one warpgroup, modelled as two halves D0 / D1 of 64 threads that both
-    run every chunk."""
+    run every chunk.
+    bf (BF16 cache): no dequantisers; the producer's TMA lands the whole stage on full[s] (count 1), as
+    the stage's body N and the V-tail rows T.w that consumer warp w zeroes on a request's last page
+    after the SMAX barrier (every warp's S has read them) and before the PT barrier (P V reads zeros)."""
     rnd = random.Random(seed)
     split = NR == 16
     NCH = 5 if mut == "odd_ring" else 2 if mut == "ring_2" else NCH_OF[NR]
     full_count = 128 if (not split or mut == "full_count_one_wg") else 256
+    if bf: full_count = 128 if mut == "bf_full_count_128" else 1
     mb = {**{f"rf{c}": MBar(1) for c in range(NCH)},
           **{f"re{c}": MBar(64 if mut == "raw_empty_count_64" else 128) for c in range(NCH)},
           **{f"full{s}": MBar(full_count) for s in range(2)}, **{f"empty{s}": MBar(128) for s in range(2)},
@@ -260,6 +266,20 @@ def run_protocol(reqs, seed, mut=None, NR=16):
                 if j == 0:
                     if mut != "q_without_wait": yield ("wait", "qempty", (qn & 1) ^ 1)
                     yield ("expect", "qfull"); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
+
+    def producer_bf():
+        it = qn = 0
+        for r, npg in enumerate(reqs):
+            if npg == 0: continue
+            for j in range(npg):
+                s = it & 1
+                if mut != "bf_producer_skips_empty": yield ("wait", f"empty{s}", ((it >> 1) & 1) ^ 1)
+                yield ("expect", f"full{s}", 5)
+                for b in [f"N{s}"] + [f"T{s}.{w}" for w in range(4)]: yield ("tma", b, ("K", r, j), f"full{s}")
+                if j == 0:
+                    if mut != "q_without_wait": yield ("wait", "qempty", (qn & 1) ^ 1)
+                    yield ("expect", "qfull"); yield ("tma", "Q", ("Q", r), "qfull"); qn += 1
+                it += 1
 
     def dequant(gname):
         it = 0
@@ -295,7 +315,9 @@ def run_protocol(reqs, seed, mut=None, NR=16):
                 yield ("arrive", f"full{s}", n)
                 it += 1
 
-    def stage_reads(s, r, j):
+    def stage_reads(s, r, j, tail="K"):
+        if bf:
+            return [(f"N{s}", ("K", r, j))] + [(f"T{s}.{w}", (tail, r, j)) for w in range(4)]
         if split:
             return [(f"N{s}.D{q % 2}.{q}", ("K", r, j)) for q in range(4)]
         return [(f"N{s}.{g}.{q}", ("K", r, j)) for g in ("D0", "D1") for q in range(4)]
@@ -311,13 +333,16 @@ def run_protocol(reqs, seed, mut=None, NR=16):
                 for b, v in rd: yield ("rbeg", b, v)
                 for b, v in rd: yield ("rend", b, v)
                 if j == npg - 1: yield ("arrive", "qempty", 32)
+                if bf and j == npg - 1 and mut == "bf_zero_before_smax": yield ("write", f"T{s}.{w}", ("Z", r, j))
                 par = 0 if mut == "smax_one_buffer" else pg & 1
                 yield ("write", f"M{par}.{w}", ("M", pg)); yield ("nsync", "SMAX")
                 for x in range(4): yield ("rbeg", f"M{par}.{x}", ("M", pg))
                 for x in range(4): yield ("rend", f"M{par}.{x}", ("M", pg))
+                last = bf and j == npg - 1  # (a request's last page: its tail rows are zeroed)
+                if last and mut not in ("bf_zero_before_smax", "bf_no_tail_zero"): yield ("write", f"T{s}.{w}", ("Z", r, j))
                 yield ("write", f"P.{w}", ("P", pg))
                 if mut != "no_pt_barrier": yield ("nsync", "PT")
-                rd = [(f"P.{x}", ("P", pg)) for x in range(4)] + stage_reads(s, r, j)
+                rd = [(f"P.{x}", ("P", pg)) for x in range(4)] + stage_reads(s, r, j, "Z" if last else "K")
                 for b, v in rd: yield ("rbeg", b, v)
                 for b, v in rd: yield ("rend", b, v)
                 yield ("arrive", f"empty{s}", 32)
@@ -328,24 +353,27 @@ def run_protocol(reqs, seed, mut=None, NR=16):
             for x in range(4): yield ("rend", f"L{par}.{x}", ("L", r))
             rq += 1
 
-    simulate({"PR": producer(), "D0": dequant("D0"), "D1": dequant("D1"), **{f"W{w}": consumer(w) for w in range(4)}},
-             mb, nb, rnd, slow=0.03, max_steps=400000)
+    workers = {"PR": producer_bf()} if bf else {"PR": producer(), "D0": dequant("D0"), "D1": dequant("D1")}
+    simulate({**workers, **{f"W{w}": consumer(w) for w in range(4)}}, mb, nb, rnd, slow=0.03, max_steps=400000)
 
 
-def check_protocol(trials, mut=None):
-    """Half the trials with the 16-row instantiation, half with the 32-row one."""
+def check_protocol(trials, mut=None, bf=False):
+    """Half the trials with the 16-row instantiation, half with the 32-row one (bf: the BF16 cache's
+    protocol, the same for both)."""
     n = 0
     for trial in range(trials):
         rng = random.Random(trial)
         reqs = [rng.choice([0, 0, 1, 1, 2, 3, 4]) for _ in range(rng.randint(1, 6))]
         for sch in range(4):
-            run_protocol(reqs, trial * 100 + sch, mut, 16 if trial % 2 == 0 else 32); n += 1
+            run_protocol(reqs, trial * 100 + sch, mut, 16 if trial % 2 == 0 else 32, bf); n += 1
     return n
 
 
 PROTOCOL_MUTANTS = ("raw_empty_count_64", "raw_empty_before_read", "producer_skips_raw_empty", "q_without_wait", "dequant_skips_empty_wait",
                     "sl_one_buffer", "no_pt_barrier", "full_count_one_wg", "odd_ring",
                     "ring_2")
+BF_PROTOCOL_MUTANTS = ("bf_full_count_128", "bf_zero_before_smax", "bf_no_tail_zero", "bf_producer_skips_empty",
+                       "no_pt_barrier", "q_without_wait")
 # (sMax by page parity is belt and braces: one buffer is also safe, since a warp writes page t+1's
 # maxima only after the PT barrier of page t, which every warp reaches after reading page t's; the
 # model run with mutant "smax_one_buffer" passes, as it should)
@@ -359,7 +387,10 @@ if __name__ == "__main__":
           "epilogue == attention on dequantize_kvcache")
     n = check_protocol(trials)
     print("swapab protocol model ok:", n, "random schedules, no deadlock, no race")
+    n = check_protocol(trials, bf=True)
+    print("swapab BF16-cache protocol model ok:", n, "random schedules, no deadlock, no race")
     if "--mutants" in sys.argv:
         expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES[:3] + LAYOUT_CASES[4:]], LAYOUT_MUTANTS)
         expect_caught(lambda mut: check_protocol(trials, mut), PROTOCOL_MUTANTS)
-        print("all", len(LAYOUT_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
+        expect_caught(lambda mut: check_protocol(trials, mut, bf=True), BF_PROTOCOL_MUTANTS)
+        print("all", len(LAYOUT_MUTANTS) + len(PROTOCOL_MUTANTS) + len(BF_PROTOCOL_MUTANTS), "mutants caught")
