@@ -1,5 +1,5 @@
-// MLA decode, sm_90a, FP8 cache, few query rows (auto or FLASHMLA_KERNEL=swapab; s_q * h_q <= 32,
-// h_kv = 1; <= 16 under FLASHMLA_SWAPAB_MAX_ROWS=16).
+// MLA decode, sm_90a, few query rows: FP8 cache, and BF16 (below) (auto or FLASHMLA_KERNEL=swapab;
+// s_q * h_q <= 32, h_kv = 1; <= 16 under FLASHMLA_SWAPAB_MAX_ROWS=16).
 // Swap-AB: the page's 64 keys are the wgmma M dimension and the query rows the N dimension (NR), so
 // 16 rows cost 16 columns of tensor work instead of a 64-row tile padded from 16 (the FP8 wgmma
 // kernel). Same DecodeArgs, metadata, split partials, lse and combine kernel as the other kernels.
@@ -44,11 +44,12 @@
 //   | sMax[2][4][16], sL[2][4][16] fp32.
 // CPU models: csrc/models/swapab_fp8_model.py (layouts, fragments, protocol; update together).
 //
-// BF16 cache (auto or FLASHMLA_KERNEL=swapab up to the same rows, BF = true): the same consumer, but the producer loads each page by
-// TMA straight into the bf16 stage (9 boxes of 64 rows x 128 B, 128B swizzle, as the BF16 wgmma kernel;
-// full[s]: its expect_tx + the bytes), the dequantiser warpgroups hand their registers back and exit, and
-// the consumer zeroes the V rows past the request's length in its last page (after S, before P V: NaN x 0
-// would stay NaN), which the dequantisers do for the FP8 cache. The raw ring is left unused.
+// BF16 cache (BF = true; auto or FLASHMLA_KERNEL=swapab, the same row limits): the same consumer, but the
+// producer loads each page by TMA straight into the bf16 stage (9 boxes of 64 rows x 128 B, 128B swizzle,
+// as the BF16 wgmma kernel; full[s]: its expect_tx + the bytes), the dequantiser warpgroups hand their
+// registers back and exit, and the consumer zeroes the V rows past the request's length in its last page
+// (after S, before P V: NaN x 0 would stay NaN), which the dequantisers do for the FP8 cache. The raw ring
+// is left unused.
 #include "wgmma_common.cuh"
 
 #include <cuda_fp8.h>
