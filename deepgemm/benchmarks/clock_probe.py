@@ -1,15 +1,19 @@
 """The SM clock and power behind a dense FP8 GEMM's TFLOPS: one call on a rested card against calls back to back.
 
     python deepgemm/benchmarks/clock_probe.py [--shapes 4096x7168x16384,128x7168x16384] [--seconds 4]
+        [--variants "default;DEEPGEMM_BN256=2;DEEPGEMM_MIN_SMS=1"]
 
 Per shape (M x N x K; inputs as bench_gemm.py makes them, checked against the reference: diff < 1e-3): one call
 after 2 s idle (a CUDA graph of one call, timed with events), then a graph of 20 calls replayed back to back for
 --seconds while nvidia-smi samples the SM clock and power every 50 ms, and the clock event reasons nvidia-smi
 reports as active in the middle of that loop. bench_gemm.py times five replays with a host sync after each
-(closer to the rested figure); a model's layers run back to back (the sustained one)."""
+(closer to the rested figure); a model's layers run back to back (the sustained one). --variants runs every shape
+under each setting of the JIT's switches in turn (';'-separated; '+' joins several; "default" = none set), to
+compare kernels at equal power: under the cap, the one that spends less energy per FLOP runs at a higher clock."""
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import time
@@ -32,7 +36,7 @@ def graph_of(fn, n: int) -> torch.cuda.CUDAGraph:
     return g
 
 
-def run_shape(spec: str, seconds: float) -> None:
+def run_shape(spec: str, seconds: float, label: str = "") -> None:
     m, n, k = (int(v) for v in spec.split("x"))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -73,7 +77,7 @@ def run_shape(spec: str, seconds: float) -> None:
     med = [statistics.median(col) for col in zip(*rows)] if rows else [float("nan")] * 5
     reasons = [" ".join(ln.split()) for ln in perf.communicate()[0].splitlines() if ln.strip().endswith(": Active")]
     flops = 2 * m * n * k
-    print(f"{spec}: one call after 2 s idle {rested:.1f} us ({flops / rested / 1e6:.0f} TFLOPS); back to back "
+    print(f"{spec}{label}: one call after 2 s idle {rested:.1f} us ({flops / rested / 1e6:.0f} TFLOPS); back to back "
           f"{sustained:.1f} us ({flops / sustained / 1e6:.0f} TFLOPS); SM clock {med[0]:.0f} of {med[1]:.0f} MHz, "
           f"{med[2]:.0f} of {med[3]:.0f} W, {med[4]:.0f} C ({len(rows)} samples); active: {', '.join(reasons) or 'none'}")
 
@@ -82,10 +86,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x7168x16384,4096x4096x7168,128x7168x16384")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--variants", default="default", help="';'-separated settings, e.g. 'default;DEEPGEMM_BN256=2'")
     args = ap.parse_args()
+    variants = []
+    for v in args.variants.split(";"):
+        sets = [] if v.strip() in ("", "default") else [kv.split("=", 1) for kv in v.split("+")]
+        if any(len(kv) != 2 or not kv[0].startswith("DEEPGEMM_") for kv in sets):
+            ap.error(f"--variants: expected 'default' or DEEPGEMM_X=V[+DEEPGEMM_Y=W], got {v!r}")
+        variants.append(dict(sets))
     print(f"device: {torch.cuda.get_device_name()}  deepgemm {dg.__version__}")
     for spec in args.shapes.split(","):
-        run_shape(spec, args.seconds)
+        for env in variants:
+            for k in {k for e in variants for k in e}:
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            run_shape(spec, args.seconds, "".join(f" {k}={v}" for k, v in env.items()) or (" default" if len(variants) > 1 else ""))
 
 
 if __name__ == "__main__":
