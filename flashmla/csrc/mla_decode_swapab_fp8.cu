@@ -159,63 +159,45 @@ struct SabCta {
 };
 
 // ---------------------------------------------------------------- producer (one thread)
-template <int NR>
-__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<NR>& c, const CUtensorMap* tmQ) {
+// FP8 cache: each page as 4 bulk copies of 16 tokens into the raw chunk ring. BF16 cache (BF): the page by TMA
+// into stage it & 1 of the CTA's it-th page, once the consumer released it.
+template <int NR, bool BF>
+__device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<NR>& c, const CUtensorMap* tmK,
+                                             const CUtensorMap* tmQ) {
+  if constexpr (BF) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmK)) : "memory");
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
   const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
-  int slot = 0, phase = 0, qn = 0;
+  // bytes between pages and per page (BF16: pages back to back, as launch_mla_decode_swapab_bf16 checked)
+  const int64_t stride = BF ? (int64_t)TILE : a.kcache_block_stride;
+  constexpr uint32_t page_bytes = BF ? TILE : SAB_PAGE;
+  int slot = 0, phase = 0, it = 0, qn = 0;
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
     if (w.kbeg >= w.kend) continue;
     const int* bt = a.block_table + (int64_t)b * a.bt_stride;
-    const int pf = a.l2_prefetch_pages;  // FLASHMLA_L2_PREFETCH, or kSwapabL2Prefetch (launch.h)
-    for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p)
-      prefetch_l2_bulk(kc8 + (int64_t)bt[p] * a.kcache_block_stride, SAB_PAGE);
-    for (int blk = w.kbeg; blk < w.kend; ++blk) {
-      if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + pf] * a.kcache_block_stride, SAB_PAGE);
-      const uint8_t* page = kc8 + (int64_t)bt[blk] * a.kcache_block_stride;
-      for (int q = 0; q < PAGE / CH_TOK; ++q) {
-        mbar_wait(c.raw_empty(slot), phase ^ 1);
-        mbar_expect_tx(c.raw_full(slot), CH_BYTES);
-        bulk_copy(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot));
-        if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
+    const int pf = a.l2_prefetch_pages;  // FLASHMLA_L2_PREFETCH, or kSwapabL2Prefetch (FP8) / kWgmmaL2Prefetch (launch.h)
+    for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p) prefetch_l2_bulk(kc8 + (int64_t)bt[p] * stride, page_bytes);
+    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+      if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + pf] * stride, page_bytes);
+      if constexpr (BF) {
+        const int s = it & 1;
+        mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it - 2
+        mbar_expect_tx(c.full(s), TILE);
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uK + s * TILE + j * SLAB, tmK, j * 64, bt[blk] * PAGE, c.full(s));
+      } else {
+        const uint8_t* page = kc8 + (int64_t)bt[blk] * stride;
+        for (int q = 0; q < PAGE / CH_TOK; ++q) {
+          mbar_wait(c.raw_empty(slot), phase ^ 1);
+          mbar_expect_tx(c.raw_full(slot), CH_BYTES);
+          bulk_copy(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot));
+          if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
+        }
       }
-      // Q after the first page's chunks: those only wait for the dequantiser to free ring slots, so
-      // they are in flight while the consumer still runs S on the previous request's last page
+      // Q after the first page: the FP8 chunks only wait for the dequantiser to free ring slots, so they
+      // are in flight while the consumer still runs S on the previous request's last page
       if (blk == w.kbeg) {
         mbar_wait(c.q_empty(), (qn & 1) ^ 1);  // the consumer is done with the previous request's Q
-        mbar_expect_tx(c.q_full(), NSLAB * SabLayout<NR>::QSLAB);
-        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * SabLayout<NR>::QSLAB, tmQ, j * 64, b * c.m, c.q_full());
-        ++qn;
-      }
-    }
-  }
-}
-
-// BF16 cache: page blk of the CTA (its it-th) by TMA into stage it & 1, once the consumer released it
-template <int NR>
-__device__ __forceinline__ void sab_producer_bf16(const DecodeArgs& a, const SabCta<NR>& c, const CUtensorMap* tmK,
-                                                  const CUtensorMap* tmQ) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmK)) : "memory");
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
-  const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(a.kcache);
-  int it = 0, qn = 0;
-  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
-    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
-    if (w.split && w.g >= a.batch + a.parts) break;
-    if (w.kbeg >= w.kend) continue;
-    const int* bt = a.block_table + (int64_t)b * a.bt_stride;
-    const int pf = a.l2_prefetch_pages;
-    for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p) prefetch_l2_bulk(kc + (int64_t)bt[p] * PAGE * D_QK, TILE);
-    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
-      if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc + (int64_t)bt[blk + pf] * PAGE * D_QK, TILE);
-      const int s = it & 1;
-      mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it - 2
-      mbar_expect_tx(c.full(s), TILE);
-      for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uK + s * TILE + j * SLAB, tmK, j * 64, bt[blk] * PAGE, c.full(s));
-      if (blk == w.kbeg) {  // Q behind the request's first page, as for the FP8 cache
-        mbar_wait(c.q_empty(), (qn & 1) ^ 1);
         mbar_expect_tx(c.q_full(), NSLAB * SabLayout<NR>::QSLAB);
         for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQ + j * SabLayout<NR>::QSLAB, tmQ, j * 64, b * c.m, c.q_full());
         ++qn;
@@ -529,10 +511,7 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
   const int wg = threadIdx.x >> 7;
   if (wg == 2) {  // warp 8 lane 0 is the producer, warps 9-11 only hand their registers back
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SAB_PRODUCER_REGS) : "memory");
-    if (threadIdx.x == 256) {
-      if constexpr (BF) sab_producer_bf16(a, c, &tmK, &tmQ);
-      else sab_producer(a, c, &tmQ);
-    }
+    if (threadIdx.x == 256) sab_producer<NR, BF>(a, c, &tmK, &tmQ);
     return;
   }
   if (wg != 1) {
