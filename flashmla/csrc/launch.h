@@ -75,13 +75,10 @@ int launch_mla_decode_wgmma(const DecodeArgs& a, void* stream);
 // The same for the FP8 cache (mla_decode_wgmma_fp8.cu): -1 without launching when a.is_fp8 is
 // false, the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
-// Swap-AB FP8 kernel for few query rows (mla_decode_swapab_fp8.cu, FLASHMLA_KERNEL=swapab): -1
-// without launching when a.is_fp8 is false, s_q * h_q > max_rows (16 or 32: swapab_max_rows()),
+// Swap-AB kernel for few query rows, FP8 or BF16 cache (mla_decode_swapab_fp8.cu, auto or
+// FLASHMLA_KERNEL=swapab): -1 without launching when s_q * h_q > max_rows (16 or 32: swapab_max_rows()),
 // the pages are not back to back or the pointers are not 16-byte aligned.
-int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows);
-// The same kernel for a BF16 cache (pages by TMA, no dequantisers; auto or FLASHMLA_KERNEL=swapab): -1
-// without launching for an FP8 cache, more than max_rows rows, or tensors TMA cannot address.
-int launch_mla_decode_swapab_bf16(const DecodeArgs& a, void* stream, int max_rows);
+int launch_mla_decode_swapab(const DecodeArgs& a, void* stream, int max_rows);
 // get_mla_metadata's scheduler (ref.schedule_ref): every segment costs seg_ovh pages beside its
 // own, 0..kMaxSegOverhead (api.py passes 5, or FLASHMLA_SPLIT_OVH)
 constexpr int kMaxSegOverhead = 255;

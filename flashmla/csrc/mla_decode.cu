@@ -547,7 +547,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (want_sab) {  // -1: more than sab_rows rows, or tensors TMA cannot address
     if (a.is_fp8 && !(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
-    wg = a.is_fp8 ? launch_mla_decode_swapab_fp8(a, stream, sab_rows) : launch_mla_decode_swapab_bf16(a, stream, sab_rows);
+    wg = launch_mla_decode_swapab(a, stream, sab_rows);
     g_last_kernel = wg >= 0 ? "swapab" : "default";
   }
   if (wg >= 0) {

@@ -167,7 +167,7 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
   if constexpr (BF) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmK)) : "memory");
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
   const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
-  // bytes between pages and per page (BF16: pages back to back, as launch_mla_decode_swapab_bf16 checked)
+  // bytes between pages and per page (BF16: pages back to back, as launch_mla_decode_swapab checked)
   const int64_t stride = BF ? (int64_t)TILE : a.kcache_block_stride;
   constexpr uint32_t page_bytes = BF ? TILE : SAB_PAGE;
   int slot = 0, phase = 0, it = 0, qn = 0;
@@ -559,23 +559,16 @@ int launch_swapab(const DecodeArgs& a, int m, void* stream) {
 
 }  // namespace
 
-int launch_mla_decode_swapab_fp8(const DecodeArgs& a, void* stream, int max_rows) {
-  // FP8 cache, at most max_rows (32, or 16 under FLASHMLA_SWAPAB_MAX_ROWS=16) query rows, pages
-  // back to back (bulk copies of 16 tokens), 16-byte aligned pointers; otherwise -1 (the caller
-  // runs the default kernel). 1..16 rows run the 16-row instantiation, 17..32 the 32-row one.
+int launch_mla_decode_swapab(const DecodeArgs& a, void* stream, int max_rows) {
+  // at most max_rows (32, or 16 under FLASHMLA_SWAPAB_MAX_ROWS=16) query rows, pages back to back (FP8: bulk
+  // copies of 16 tokens; BF16: TMA rows of 576), 16-byte aligned pointers; otherwise -1 (the caller runs the
+  // default kernel). 1..16 rows run the 16-row instantiation, 17..32 the 32-row one.
   const int m = a.s_q * a.h_q;
-  if (!a.is_fp8 || m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != (int64_t)SAB_PAGE ||
+  const int64_t page_stride = a.is_fp8 ? (int64_t)SAB_PAGE : (int64_t)PAGE * D_QK;  // (bytes, or bf16 elements)
+  if (m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != page_stride ||
       (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
     return -1;
-  return m <= 16 ? launch_swapab<16, false>(a, m, stream) : launch_swapab<32, false>(a, m, stream);
-}
-
-int launch_mla_decode_swapab_bf16(const DecodeArgs& a, void* stream, int max_rows) {
-  // BF16 cache, the same row limits; pages back to back and 16-byte aligned pointers (TMA rows of 576)
-  const int m = a.s_q * a.h_q;
-  if (a.is_fp8 || m > max_rows || m > 32 || m < 1 || a.kcache_block_stride != (int64_t)PAGE * D_QK ||
-      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
-    return -1;
+  if (a.is_fp8) return m <= 16 ? launch_swapab<16, false>(a, m, stream) : launch_swapab<32, false>(a, m, stream);
   return m <= 16 ? launch_swapab<16, true>(a, m, stream) : launch_swapab<32, true>(a, m, stream);
 }
 
