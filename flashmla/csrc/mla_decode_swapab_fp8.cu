@@ -534,17 +534,11 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
 // launching: no TMA).
 template <int NR, bool BF>
 int launch_swapab(const DecodeArgs& a, int m, void* stream) {
-  auto fn = encode_tiled();
-  if (!fn) return -1;
   // Q as rows of 576 bf16, boxes of NR rows x 64 columns, 128B swizzle (rows past the tensor read 0;
   // rows of the next request are finite and only reach the padding columns of S^T and O^T)
   alignas(64) CUtensorMap tmK, tmQ;
-  cuuint64_t dims[2] = {static_cast<cuuint64_t>(D_QK), static_cast<cuuint64_t>(a.batch) * m};
-  cuuint64_t strides[1] = {static_cast<cuuint64_t>(D_QK * 2)};
-  cuuint32_t box[2] = {64, NR}, estr[2] = {1, 1};
-  if (fn(&tmQ, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(a.q), dims, strides, box, estr,
-         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+  if (!make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 64,
+                CU_TENSOR_MAP_SWIZZLE_128B, NR))
     return -1;
   if (BF && !make_map(&tmK, a.kcache, D_QK, D_QK * 2, static_cast<uint64_t>(a.num_blocks) * PAGE)) return -1;
   if (!BF) tmK = tmQ;  // (unused)

@@ -505,17 +505,18 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// 2-D tensor map over rows of `row_elems` elements (`row_bytes` apart), boxes of 64 rows x 64
-// columns (128 bytes), 128B swizzle. The BF16 kernel maps q and the cache as rows of 576 bf16; the
-// FP8 kernel maps the FP8 cache as rows of 328 bf16 (656 bytes) and loads the RoPE box at column 264.
+// 2-D tensor map over rows of `row_elems` elements (`row_bytes` apart), boxes of box_rows (64) rows x
+// 64 columns (128 bytes), 128B swizzle. The BF16 kernel maps q and the cache as rows of 576 bf16; the
+// FP8 kernel maps the FP8 cache as rows of 328 bf16 (656 bytes) and loads the RoPE box at column 264;
+// the swap-AB kernel maps q in boxes of its 16 or 32 rows.
 bool make_map(CUtensorMap* map, const void* ptr, uint64_t row_elems, uint64_t row_bytes, uint64_t rows,
               CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint32_t box_cols = 64,
-              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
+              CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B, uint32_t box_rows = 64) {
   auto fn = encode_tiled();
   if (!fn) return false;
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_elems), rows};
   cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-  cuuint32_t box[2] = {box_cols, 64}, estr[2] = {1, 1};
+  cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
   return fn(map, dtype, 2, const_cast<void*>(ptr), dims, strides, box, estr,
             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
