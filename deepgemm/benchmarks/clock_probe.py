@@ -94,10 +94,11 @@ def main() -> None:
         if any(len(kv) != 2 or not kv[0].startswith("DEEPGEMM_") for kv in sets):
             ap.error(f"--variants: expected 'default' or DEEPGEMM_X=V[+DEEPGEMM_Y=W], got {v!r}")
         variants.append(dict(sets))
+    switches = {k for env in variants for k in env}
     print(f"device: {torch.cuda.get_device_name()}  deepgemm {dg.__version__}")
     for spec in args.shapes.split(","):
         for env in variants:
-            for k in {k for e in variants for k in e}:
+            for k in switches:
                 os.environ.pop(k, None)
             os.environ.update(env)
             run_shape(spec, args.seconds, "".join(f" {k}={v}" for k, v in env.items()) or (" default" if len(variants) > 1 else ""))
