@@ -87,7 +87,7 @@ def sdpa_baseline(q, kc, bt, sl, lmax, causal):
 # launcher settings a variant may set; FLASHMLA_SPLIT_OVH is read by get_mla_metadata, which the
 # bench calls again under each variant (outside the timing, like a serving step's metadata)
 KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT",
-         "FLASHMLA_SPLIT_OVH", "FLASHMLA_SWAPAB_MAX_ROWS", "FLASHMLA_FP8_F16")
+         "FLASHMLA_SPLIT_OVH", "FLASHMLA_SWAPAB_MAX_ROWS", "FLASHMLA_FP8_F16", "FLASHMLA_SWAPAB_RF")
 
 
 def parse_variant(spec):

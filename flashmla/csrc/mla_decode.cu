@@ -576,8 +576,15 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (want_sab) {  // -1: more than sab_rows rows, or tensors TMA cannot address
     if (a.is_fp8 && !(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
-    wg = launch_mla_decode_swapab(a, stream, sab_rows);
-    g_last_kernel = wg >= 0 ? "swapab" : "default";
+    // FLASHMLA_SWAPAB_RF=1 (opt-in): the register-fed FP8 kernel for 1..16 rows, where it applies
+    const char* rf = getenv("FLASHMLA_SWAPAB_RF");
+    if (rf && rf[0] && strcmp(rf, "0") != 0 && strcmp(rf, "1") != 0) return "FLASHMLA_SWAPAB_RF must be 0 or 1";
+    wg = rf && strcmp(rf, "1") == 0 ? launch_mla_decode_swapab_rf(a, stream) : -1;
+    g_last_kernel = "swapab_rf";
+    if (wg < 0) {
+      wg = launch_mla_decode_swapab(a, stream, sab_rows);
+      g_last_kernel = wg >= 0 ? "swapab" : "default";
+    }
   }
   if (wg >= 0) {
     e = static_cast<cudaError_t>(wg);

@@ -120,6 +120,8 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
     if sel in ("swapab", "auto") and s_q * h_q <= flashmla.api._C.auto_swapab_max_rows():
         want = "swapab"
+        if fp8 and s_q * h_q <= 16 and os.environ.get("FLASHMLA_SWAPAB_RF") == "1":
+            want = "swapab_rf"  # the register-fed FP8 kernel (opt-in)
     assert flashmla.api._C.last_kernel() == want
     return res
 
@@ -579,3 +581,117 @@ def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):
         monkeypatch.setenv("FLASHMLA_L2_PREFETCH", pf)
         out, lse = run(q, k8, bt, sl, fp8=True)
         assert torch.equal(out, base[0]) and torch.equal(lse, base[1]), pf
+
+
+# ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; FLASHMLA_SWAPAB_RF=1, opt-in,
+# 1..16 rows). It is exact in the e4m3 values and applies K's scales in fp32, V's in f16 relative to each page's
+# largest: its oracle is the reference on the float32-dequantised cache.
+RF_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3)]))
+
+
+def rf_env(monkeypatch, kernel="swapab"):
+    monkeypatch.setenv("FLASHMLA_KERNEL", kernel)
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "1")
+    swapab_default_rows(monkeypatch)
+
+
+def rf_reference(q, k8, bt, sl, s_q):
+    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
+
+
+@pytest.mark.parametrize("batch,seqlen,hs", RF_SWEEP)
+def test_fp8_swapab_rf_sweep(batch, seqlen, hs, monkeypatch):
+    """Ragged lengths incl. 0, 0xFF bytes (NaN values and scales) past every length, causal when s_q > 1."""
+    need_kernel()
+    h_q, s_q = hs
+    rf_env(monkeypatch)
+    seed = hash((batch, seqlen, h_q, s_q, "swapab_rf")) % 10000
+    rng = random.Random(seed)
+    lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
+    q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
+    k8 = flashmla.quantize_kvcache(kc)
+    poison_fp8_tails(k8, bt, sl)
+    check(*run(q, k8, bt, sl, s_q > 1, fp8=True), *rf_reference(q, k8, bt, sl, s_q))
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (11, 1)])
+@pytest.mark.parametrize("data", ["randn", "wide", "large_q", "small_q"])
+def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
+    """Both sides of the exact-P threshold, tails of 1 and 63 tokens, a zero-length request and one split over
+    several parts; tile scales over 5.5 decades (wide: V's f16 products relative to the page's largest scale),
+    |Q| far above f16's range (large_q) and far below its normal range (small_q: Q scaled by 2^-E, S by 2^E)."""
+    need_kernel()
+    rf_env(monkeypatch, "auto")
+    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=23 * h_q + s_q)
+    if data == "wide":
+        kc = wide_tile_cache(kc, 5)
+    if data == "large_q":
+        q[1::2] = (q[1::2].float() * 3e4).to(q.dtype)
+        kc = (kc.float() * 1e-4).to(kc.dtype)
+    if data == "small_q":  # logits of order 1 from |Q| ~ 1e-6 need |K| ~ 1e6: outputs compared at 1e-6 of that
+        q = (q.float() * 1e-6).to(q.dtype)
+        kc = (kc.float() * 1e6).to(kc.dtype)
+    k8 = flashmla.quantize_kvcache(kc)
+    poison_fp8_tails(k8, bt, sl)
+    out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
+    ro, rl = rf_reference(q, k8, bt, sl, s_q)
+    unit = 1e-6 if data == "small_q" else 1.0
+    check((out.float() * unit).to(out.dtype), lse, ro * unit, rl)
+    assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
+
+
+def test_fp8_swapab_rf_deterministic_and_poisoned_output_written(monkeypatch):
+    """Two calls give bit-identical results, and a NaN-poisoned output is fully overwritten."""
+    need_kernel()
+    rf_env(monkeypatch)
+    q, kc, bt, sl = make_inputs(12, [3000, 10, 0, 700, 64, 129] * 2, 16, 1, device=DEV, seed=4)
+    k8 = flashmla.quantize_kvcache(kc)
+    meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
+    outs = []
+    for _ in range(2):
+        junk = torch.full((1 << 22,), float("nan"), device=DEV)  # the output reuses this memory
+        del junk
+        out, lse = flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
+        assert flashmla.api._C.last_kernel() == "swapab_rf"
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+        outs.append((out.clone(), lse.clone()))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2)])
+def test_fp8_swapab_rf_cuda_graph_replay(h_q, s_q, monkeypatch):
+    """Captured in a CUDA graph at one batch and replayed with new lengths (0, tails inside a page)."""
+    need_kernel()
+    rf_env(monkeypatch)
+    batch, cap = 6, 4160
+    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=14)
+    k8 = flashmla.quantize_kvcache(kc)
+    static_sl = sl.clone()
+
+    def step():
+        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
+        return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, causal=True,
+                                               is_fp8_kvcache=True)
+
+    graph, (g_out, g_lse) = capture(step)
+    assert flashmla.api._C.last_kernel() == "swapab_rf"
+    check_replays(graph, g_out, g_lse, static_sl, cap, lambda: rf_reference(q, k8, bt, static_sl, 2), page_tails=True)
+
+
+def test_fp8_swapab_rf_applies_only_to_fp8_up_to_16_rows(monkeypatch):
+    """FLASHMLA_SWAPAB_RF=1 leaves 17..32 FP8 rows and every BF16 case to the swap-AB kernel (run() asserts which
+    ran); a value other than 0 or 1 is an error, raised before anything is launched."""
+    need_kernel()
+    rf_env(monkeypatch)
+    lens = [300, 0, 65]
+    for h_q, fp8 in ((17, True), (32, True), (16, False)):
+        q, kc, bt, sl = make_inputs(len(lens), lens, h_q, 1, device=DEV, seed=5 + h_q)
+        kv = flashmla.quantize_kvcache(kc) if fp8 else kc
+        check(*run(q, kv, bt, sl, fp8=fp8),
+              *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(kv) if fp8 else kc, bt, sl, 512))
+        assert flashmla.api._C.last_kernel() == "swapab"
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "2")
+    meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
+    with pytest.raises(RuntimeError, match="FLASHMLA_SWAPAB_RF must be 0 or 1"):
+        flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits)

@@ -1,0 +1,564 @@
+// MLA decode, sm_90a, FP8 cache, 1..16 query rows: the swap-AB kernel with register-fed consumers
+// (FLASHMLA_SWAPAB_RF=1 under auto or FLASHMLA_KERNEL=swapab; opt-in).
+//
+// Why: the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) writes each page dequantised to bf16 in shared memory
+// and its wgmmas read it back: ~316 KiB of shared-memory traffic per 42 KiB page, which bounds it at 16 rows
+// (Nsight Compute, BENCHMARKS.md session 17). In swap-AB the cache is the wgmma A operand, which may come from
+// registers: here the consumers convert raw e4m3 bytes straight into A fragments (one cvt per pair of values),
+// ~150 KiB per page.
+//
+// One CTA = one scheduler part, 384 threads, three warpgroups (setmaxnreg: 232 / 232 / 40):
+//   WG2 (thread 256): producer. Each page (41,984 contiguous bytes) by one cp.async.bulk into a ring of
+//     RF_SLOTS page slots (raw_full: expect_tx; raw_empty: 256 consumer arrivals); the request's 16 Q rows by
+//     TMA (bf16, 64 x 16 boxes, 128B swizzle) into a staging tile after its first page (q_full / q_empty);
+//     L2 prefetch a.l2_prefetch_pages ahead, as the other swap-AB kernel.
+//   WG0 ("S"): per request, Q's NoPE part to f16 scaled by 2^-E (max |Q| of the live rows in [2^14, 2^15)),
+//     its RoPE part kept bf16, each k-step's 16 columns permuted to the fragment order below. Per page:
+//     S^T[64 keys x 16 rows] from A = raw K in registers: e4m3 -> f16 is exact, so each 128-column scale tile t
+//     gets its own accumulator S_t (8 wgmma m64n16k16 f16), RoPE one more (4 bf16 wgmmas), and
+//     S = 2^E sum_t scale[key][t] S_t + S_rope in fp32. Softmax as the other swap-AB kernel; P^T in f16
+//     (hi, and lo = f16(p - hi) for requests shorter than a.p_bf16_min_keys) into plane (page & 1), the
+//     column rescale alpha beside it, then p_full. After a request's last page: lse, and 1/l for WG1.
+//   WG1 ("V"): O^T[512 x 16] += V^T P^T from A = raw V in registers: warp w's 128 value columns are scale
+//     tile w, lane (g, c) owns the 16 columns 128w + 16g.. of m-tile rows g and g + 8 (m-tile mt: columns
+//     2mt, 2mt + 1) and the keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-key k-step: PRMT pairs two keys' bytes,
+//     cvt gives f16x2, and HMUL2 applies scale[key][w] / sigma (sigma: the page's largest scale of the tile,
+//     rounded up to a power of two, so the f16 products stay within [0, 448]); O^T is rescaled by the ratio of
+//     sigmas between pages (exact) with alpha, and multiplied by sigma at the end.
+// Layout of K's A fragment (S^T): warp w's keys 16w + g and 16w + g + 8; lane c reads bytes [32c, 32c + 32)
+// of each 128-column tile, word j of them (columns 32c + 4j ..+3) feeding k-step 8t + j: columns
+// 32c + 4j + {0, 1} are the fragment's k = 2c, 2c + 1 and + {2, 3} its k = 2c + 8, 2c + 9. The Q tile stores
+// each column at that k (rf_convert_q), so S is unchanged by the permutation. RoPE the same within 64 columns.
+// Shared memory: ring 4 x 41,984 | Q staging 18 KiB | Q f16/bf16 18 KiB | P^T planes 2 x (hi, lo) x 2 KiB |
+// mbarriers, sMax / sL [2][4][16], alpha / 1/l [2][16], Q max [4]: 215,552 bytes with the alignment slack.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "wgmma_common.cuh"
+
+namespace flashmla {
+namespace {
+
+constexpr int RF_TOKEN = 656, RF_PAGE = PAGE * RF_TOKEN, RF_SLOTS = 4, RF_QSLAB = 16 * 128;
+constexpr int RF_OFF_QS = RF_SLOTS * RF_PAGE, RF_OFF_QF = RF_OFF_QS + NSLAB * RF_QSLAB;
+constexpr int RF_OFF_P = RF_OFF_QF + NSLAB * RF_QSLAB, RF_OFF_MISC = RF_OFF_P + 4 * RF_QSLAB;
+constexpr int RF_MISC = 1536, RF_SMEM = RF_OFF_MISC + RF_MISC + 1024;
+static_assert(RF_OFF_QS % 1024 == 0 && RF_OFF_QF % 1024 == 0 && RF_OFF_P % 1024 == 0, "swizzled tiles: 1 KiB aligned");
+static_assert(RF_PAGE % 16 == 0 && RF_SMEM == 215552 && RF_SMEM <= 232448, "layout as documented");
+constexpr int RF_THREADS = 384, RF_PRODUCER_REGS = 40, RF_CONSUMER_REGS = 232;
+static_assert((168 - RF_PRODUCER_REGS) >= 2 * (RF_CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
+constexpr int RF_BAR_SMAX = 1, RF_BAR_SL = 2, RF_BAR_Q = 3;  // named barriers of WG0
+
+struct RfCta {
+  uint32_t uRaw, uQS, uQF, uP, uBar;
+  float *sMax, *sL, *sAlpha, *sInv, *sQred;
+  int m, b0, k0, b1, k1, first, last;
+  __device__ uint32_t raw_full(int s) const { return uBar + 8 * s; }
+  __device__ uint32_t raw_empty(int s) const { return uBar + 32 + 8 * s; }
+  __device__ uint32_t p_full(int s) const { return uBar + 64 + 8 * s; }
+  __device__ uint32_t p_empty(int s) const { return uBar + 80 + 8 * s; }
+  __device__ uint32_t q_full() const { return uBar + 96; }
+  __device__ uint32_t q_empty() const { return uBar + 104; }
+  __device__ uint32_t plane(int parity, int lo) const { return uP + (2 * parity + lo) * RF_QSLAB; }
+};
+
+// D[64x16] += A[64x16] (registers: 4 x f16x2, or bf16x2 when !F16) B[16x16] (K-major descriptor)
+template <bool F16>
+__device__ __forceinline__ void wgmma_rs16(float (&d)[8], const uint32_t (&x)[4], uint64_t db) {
+  if constexpr (F16)
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db));
+  else
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db));
+}
+template <int N>
+__device__ __forceinline__ void fence_u32(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t two) {  // exact; low byte -> low half
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t hmul2(uint32_t x, uint32_t y) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"(y));
+  return r;
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ float lds32f(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+// 2^k as a float from its biased exponent field k << 23 (k in [1, 253])
+__device__ __forceinline__ uint32_t pow2_field_ceil(float x) {  // the least 2^k >= x (x >= 0 finite; 1 for x = 0)
+  if (!(x > 0.f)) return 127u << 23;
+  const uint32_t u = __float_as_uint(x);
+  uint32_t e = (u & 0x7f800000u) + ((u & 0x7fffffu) ? 0x800000u : 0u);
+  e = e < (1u << 23) ? (1u << 23) : e;
+  return e > (253u << 23) ? (253u << 23) : e;
+}
+// query column k = 0..3 of this thread (lane & 3 = cq): row n of the request's 16
+__device__ __forceinline__ int rf_col(int k, int cq) { return 8 * (k >> 1) + 2 * cq + (k & 1); }
+
+// ---------------------------------------------------------------- producer (one thread)
+__device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta& c, const CUtensorMap* tmQ) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
+  const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
+  int it = 0, qn = 0;
+  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
+    if (w.split && w.g >= a.batch + a.parts) break;
+    if (w.kbeg >= w.kend) continue;
+    const int* bt = a.block_table + (int64_t)b * a.bt_stride;
+    const int pf = a.l2_prefetch_pages;
+    for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p) prefetch_l2_bulk(kc8 + (int64_t)bt[p] * RF_PAGE, RF_PAGE);
+    for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+      if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + pf] * RF_PAGE, RF_PAGE);
+      const int s = it % RF_SLOTS;
+      mbar_wait(c.raw_empty(s), ((it / RF_SLOTS) & 1) ^ 1);
+      mbar_expect_tx(c.raw_full(s), RF_PAGE);
+      bulk_copy(c.uRaw + s * RF_PAGE, kc8 + (int64_t)bt[blk] * RF_PAGE, RF_PAGE, c.raw_full(s));
+      if (blk == w.kbeg) {  // Q after the first page, whose copy is then already in flight
+        mbar_wait(c.q_empty(), (qn & 1) ^ 1);
+        mbar_expect_tx(c.q_full(), NSLAB * RF_QSLAB);
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQS + j * RF_QSLAB, tmQ, j * 64, b * c.m, c.q_full());
+        ++qn;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- WG0: Q, S, softmax, P^T (t = 0..127)
+// Q staging (bf16, swizzled 16-row slabs) -> the f16 / bf16 B operand of S (see the header); returns 2^E.
+// Thread t converts columns 8(t & 7).. of each slab's row t >> 3.
+__device__ __forceinline__ float rf_convert_q(const RfCta& c, int t, int qn) {
+  mbar_wait(c.q_full(), qn & 1);
+  const int n = t >> 3, ch = t & 7;
+  const uint32_t src = c.uQS + n * 128 + ((ch ^ (n & 7)) << 4);
+  float mx = 0.f;
+#pragma unroll
+  for (int sl = 0; sl < 8; ++sl) {
+    const uint4 v = lds128(src + sl * RF_QSLAB);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+  if (n >= c.m) mx = 0.f;  // rows of the next request (or TMA zeros) do not set E
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((t & 31) == 0) c.sQred[t >> 5] = mx;
+  bar_sync(RF_BAR_Q, 128);  // (also: WG0's S of the previous request is done with uQF)
+  mx = fmaxf(fmaxf(c.sQred[0], c.sQred[1]), fmaxf(c.sQred[2], c.sQred[3]));
+  int e = 0;  // max |Q| 2^-E in (2^14, 2^15]
+  if (mx > 0.f) {
+    const uint32_t u = __float_as_uint(mx);
+    e = min(max((int)(u >> 23) - 127 + ((u & 0x7fffffu) != 0) - 15, -126), 126);
+  }
+  const float down = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+  for (int sl = 0; sl < NSLAB; ++sl) {
+    const uint4 v = lds128(src + sl * RF_QSLAB);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // 4 columns: d0 = 8ch + 4h of the slab
+      const int d0 = 8 * ch + 4 * h;
+      int kk, cc;
+      uint32_t lo = w[2 * h], hi = w[2 * h + 1];
+      if (sl < 8) {
+        const int d = 64 * sl + d0, r = d & 127;
+        kk = 8 * (d >> 7) + ((r >> 2) & 7), cc = r >> 5;
+        const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo));
+        const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+        lo = f16x2(f0.x * down, f0.y * down), hi = f16x2(f1.x * down, f1.y * down);
+      } else {
+        kk = 32 + ((d0 >> 2) & 3), cc = d0 >> 4;
+      }
+      if (n >= c.m) lo = hi = 0u;
+      const uint32_t dst = c.uQF + (kk >> 2) * RF_QSLAB, col = (kk & 3) * 16 + 2 * cc;
+      st_shared_u32(dst + swz128(n, col), lo);
+      st_shared_u32(dst + swz128(n, col + 8), hi);
+    }
+  }
+  mbar_arrive(c.q_empty());  // the staging tile's values are stored: the producer may load the next Q
+  fence_async_smem();
+  bar_sync(RF_BAR_Q, 128);
+  return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
+}
+
+// lse of the request's query columns of this thread (l: their row sums; WG0 lanes with gq == 0 of warp 0)
+__device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta& c, const Work& w, int b, int cq,
+                                             const float (&mrow)[4], const float (&l)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int n = rf_col(k, cq);
+    if (n >= c.m) continue;
+    const bool empty = !(l[k] > 0.f);
+    const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[k] + log2f(l[k])) * LN2;
+    const int i = n / a.h_q, hh = n - i * a.h_q;
+    if (!w.split) a.lse[(int64_t)b * c.m + hh * a.s_q + i] = lse;
+    else a.lacc[(int64_t)w.g * c.m + n] = lse;
+  }
+}
+
+
+template <bool LO>
+__device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta& c, const Work& w, int b, int t, int& it,
+                                             int rq, float qmul) {
+  const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const float scale_log2 = a.softmax_scale * LOG2E, qs_log2 = qmul * scale_log2;
+  float mrow[4], lrow[4];
+  int lim[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int n = rf_col(k, cq);
+    mrow[k] = NEG_INF, lrow[k] = 0.f;
+    lim[k] = (a.causal && n < c.m) ? min(w.L, w.L - a.s_q + 1 + n / a.h_q) : w.L;
+  }
+  const uint64_t dq = desc_kmajor(c.uQF);
+  for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+    const int s = it % RF_SLOTS, par = it & 1;
+    mbar_wait(c.raw_full(s), (it / RF_SLOTS) & 1);
+    const uint32_t tok0 = c.uRaw + s * RF_PAGE + (16 * w4 + gq) * RF_TOKEN, tok1 = tok0 + 8 * RF_TOKEN;
+    // ---- A fragments of K (f16, exact) and of its RoPE part (bf16, as stored); the keys' tile scales
+    uint32_t ak[32][4], ar[4][4];
+#pragma unroll
+    for (int tl = 0; tl < 4; ++tl)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const uint32_t off = 128 * tl + 32 * cq + 16 * hf;
+        const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
+        const uint32_t u0[4] = {x0.x, x0.y, x0.z, x0.w}, u1[4] = {x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t(&f)[4] = ak[8 * tl + 4 * hf + q];
+          f[0] = f16x2_of_e4m3x2(u0[q] & 0xffffu), f[1] = f16x2_of_e4m3x2(u1[q] & 0xffffu);
+          f[2] = f16x2_of_e4m3x2(u0[q] >> 16), f[3] = f16x2_of_e4m3x2(u1[q] >> 16);
+        }
+      }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint32_t off = D_V + 16 + 32 * cq + 16 * hf;
+      const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
+      ar[2 * hf][0] = x0.x, ar[2 * hf][1] = x1.x, ar[2 * hf][2] = x0.y, ar[2 * hf][3] = x1.y;
+      ar[2 * hf + 1][0] = x0.z, ar[2 * hf + 1][1] = x1.z, ar[2 * hf + 1][2] = x0.w, ar[2 * hf + 1][3] = x1.w;
+    }
+    const uint4 r0 = lds128(tok0 + D_V), r1 = lds128(tok1 + D_V);
+    const float sc[2][4] = {{__uint_as_float(r0.x), __uint_as_float(r0.y), __uint_as_float(r0.z), __uint_as_float(r0.w)},
+                            {__uint_as_float(r1.x), __uint_as_float(r1.y), __uint_as_float(r1.z), __uint_as_float(r1.w)}};
+    // ---- S^T per scale tile, and of RoPE
+    float st[4][8], sr[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      sr[i] = 0.f;
+#pragma unroll
+      for (int tl = 0; tl < 4; ++tl) st[tl][i] = 0.f;
+    }
+    fence_u32(ak);
+    fence_u32(ar);
+#pragma unroll
+    for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+    fence_regs(sr);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D_QK / 16; ++kk) {
+      const uint64_t db = dq + (((kk >> 2) * RF_QSLAB + (kk & 3) * 32) >> 4);
+      if (kk < 32) wgmma_rs16<true>(st[kk >> 3], ak[kk], db);
+      else wgmma_rs16<false>(sr, ar[kk - 32], db);
+    }
+    wgmma_commit();
+    wgmma_wait0();
+#pragma unroll
+    for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+    fence_regs(sr);
+    // ---- S in the exp2 domain, keys past a column's limit masked, column max over the 64 keys
+    float sacc[8], mx[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mx[k] = NEG_INF;
+    const int key0 = blk * PAGE + w4 * 16 + gq;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
+      const float v = (st[0][i] * sc[h][0] + st[1][i] * sc[h][1] + st[2][i] * sc[h][2] + st[3][i] * sc[h][3]) * qs_log2 +
+                      sr[i] * scale_log2;
+      sacc[i] = key0 + 8 * h < lim[k] ? v : NEG_INF;  // (NaN bytes past the length: a select, not a product)
+      mx[k] = fmaxf(mx[k], sacc[i]);
+    }
+    mbar_arrive(c.raw_empty(s));  // K, RoPE and the scales of this page are used
+    float* smx = c.sMax + par * 64;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
+      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
+    }
+    if (gq == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        *reinterpret_cast<float2*>(smx + w4 * 16 + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
+    }
+    bar_sync(RF_BAR_SMAX, 128);
+    float al[4], muse[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int n = rf_col(k, cq);
+      const float m4 = fmaxf(fmaxf(smx[n], smx[16 + n]), fmaxf(smx[32 + n], smx[48 + n]));
+      const float mn = fmaxf(mrow[k], m4);
+      muse[k] = mn == NEG_INF ? 0.f : mn;
+      al[k] = exp2_ftz(mrow[k] - muse[k]);
+      mrow[k] = mn;
+      lrow[k] *= al[k];
+    }
+    // ---- P^T[n][key] in f16 (hi, and lo) into plane par, once WG1 is done with page it - 2
+    mbar_wait(c.p_empty(par), ((it >> 1) & 1) ^ 1);
+    const uint32_t ph = c.plane(par, 0), pl = c.plane(par, 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
+      const float p = exp2_ftz(sacc[i] - muse[k]);
+      lrow[k] += p;
+      const uint32_t off = swz128(rf_col(k, cq), w4 * 16 + gq + 8 * h);
+      const __half hp = __float2half_rn(p);
+      sts16(ph + off, __half_as_ushort(hp));
+      if (LO) sts16(pl + off, __half_as_ushort(__float2half_rn(p - __half2float(hp))));
+    }
+    if (w4 == 0 && gq == 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) c.sAlpha[par * 16 + rf_col(k, cq)] = al[k];
+    }
+    if (blk == w.kend - 1) {  // the request's row sums: lse here, 1/l for WG1's epilogue
+      float* sl = c.sL + (rq & 1) * 64;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 4);
+        lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 8);
+        lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 16);
+        if (gq == 0) sl[w4 * 16 + rf_col(k, cq)] = lrow[k];
+      }
+      bar_sync(RF_BAR_SL, 128);
+      if (w4 == 0 && gq == 0) {
+        float l[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int n = rf_col(k, cq);
+          l[k] = sl[n] + sl[16 + n] + sl[32 + n] + sl[48 + n];
+          c.sInv[(rq & 1) * 16 + n] = l[k] > 0.f ? 1.f / l[k] : 0.f;
+        }
+        rf_write_lse(a, c, w, b, cq, mrow, l);
+      }
+    }
+    fence_async_smem();  // P^T -> the async proxy (WG1's wgmma)
+    mbar_arrive(c.p_full(par));
+  }
+}
+
+// ---------------------------------------------------------------- WG1: V^T P^T (t = 0..127)
+template <bool LO>
+__device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta& c, const Work& w, int b, int t, int& it,
+                                             int rq) {
+  const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const int d0 = 128 * w4 + 16 * gq;  // m-tile mt rows gq / gq + 8 = value columns d0 + 2mt / d0 + 2mt + 1
+  float o[8][8];
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[mt][i] = 0.f;
+  float sig = 0.f, inv[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+    const int s = it % RF_SLOTS, par = it & 1, valid = w.L - blk * PAGE;
+    mbar_wait(c.raw_full(s), (it / RF_SLOTS) & 1);
+    const uint32_t pg = c.uRaw + s * RF_PAGE;
+    // keys of k-step ks and fragment pair u: 16ks + 2cq + (u & 1) + 8(u >> 1); their scales of tile w4 (0 past
+    // the length, as their bytes: NaN x 0 would stay NaN)
+    float sc[4][4];
+    float mx = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int key = 16 * ks + 2 * cq + (u & 1) + 8 * (u >> 1);
+        sc[ks][u] = key < valid ? lds32f(pg + key * RF_TOKEN + D_V + 4 * w4) : 0.f;
+        mx = fmaxf(mx, sc[ks][u]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const uint32_t sfield = pow2_field_ceil(mx);  // sigma of this page and tile
+    const float inv_sig = __uint_as_float((254u << 23) - sfield);
+    uint32_t av[4][8][4];  // [k-step][m-tile][fragment register]
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint4 x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int key = 16 * ks + 2 * cq + (u & 1) + 8 * (u >> 1);
+        x[u] = key < valid ? lds128(pg + key * RF_TOKEN + d0) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int p2 = 0; p2 < 2; ++p2) {  // keys 2c, 2c + 1 (fragment registers 0, 1), then 2c + 8, 2c + 9 (2, 3)
+        const uint32_t fac = f16x2(sc[ks][2 * p2] * inv_sig, sc[ks][2 * p2 + 1] * inv_sig);
+        const uint4 xa = x[2 * p2], xb = x[2 * p2 + 1];
+        const uint32_t wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // columns d0 + 4q .. + 3: m-tiles 2q (rows gq, gq + 8) and 2q + 1
+          const uint32_t lo = prmt(wa[q], wb[q], 0x5140), hi = prmt(wa[q], wb[q], 0x7362);
+          av[ks][2 * q][2 * p2] = hmul2(f16x2_of_e4m3x2(lo & 0xffffu), fac);
+          av[ks][2 * q][2 * p2 + 1] = hmul2(f16x2_of_e4m3x2(lo >> 16), fac);
+          av[ks][2 * q + 1][2 * p2] = hmul2(f16x2_of_e4m3x2(hi & 0xffffu), fac);
+          av[ks][2 * q + 1][2 * p2 + 1] = hmul2(f16x2_of_e4m3x2(hi >> 16), fac);
+        }
+      }
+    }
+    mbar_arrive(c.raw_empty(s));  // this page's V bytes and scales are used
+    mbar_wait(c.p_full(par), (it >> 1) & 1);
+    float al[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) al[k] = c.sAlpha[par * 16 + rf_col(k, cq)];
+    const float rho = sig > 0.f ? sig * inv_sig : 1.f;  // O^T was in units of the previous page's sigma
+    sig = __uint_as_float(sfield);
+    if (blk == w.kend - 1) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) inv[k] = c.sInv[(rq & 1) * 16 + rf_col(k, cq)];
+    }
+    const bool rescale = rho != 1.f || al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f;
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)] * rho;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) fence_u32(av[ks]);
+    wgmma_fence();
+    const uint64_t dp = desc_kmajor(c.plane(par, 0)), dl = desc_kmajor(c.plane(par, 1));
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        wgmma_rs16<true>(o[mt], av[ks][mt], dp + ks * 2);
+        if (LO) wgmma_rs16<true>(o[mt], av[ks][mt], dl + ks * 2);
+      }
+    wgmma_commit();
+    wgmma_wait0();
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+    mbar_arrive(c.p_empty(par));
+  }
+  // ---- out (bf16) or the split partial (fp32): 16 contiguous columns per query row
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int n = rf_col(k, cq);
+    if (n >= c.m) continue;
+    const float f = sig * inv[k];
+    float v[16];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) v[2 * mt + h] = o[mt][(k >> 1) * 4 + 2 * h + (k & 1)] * f;
+    if (!w.split) {
+      uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * c.m + n) * D_V + d0);
+      dst[0] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+      dst[1] = make_uint4(pack_bf16(v[8], v[9]), pack_bf16(v[10], v[11]), pack_bf16(v[12], v[13]), pack_bf16(v[14], v[15]));
+    } else {
+      float4* dst = reinterpret_cast<float4*>(a.oacc + ((int64_t)w.g * c.m + n) * D_V + d0);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(RF_THREADS, 1)
+    mla_decode_swapab_rf_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
+  RfCta c;
+  c.uRaw = base, c.uQS = base + RF_OFF_QS, c.uQF = base + RF_OFF_QF, c.uP = base + RF_OFF_P, c.uBar = base + RF_OFF_MISC;
+  c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + RF_OFF_MISC + 128);  // [2][4][16]
+  c.sL = c.sMax + 128, c.sAlpha = c.sL + 128, c.sInv = c.sAlpha + 32, c.sQred = c.sInv + 32;
+  c.m = a.s_q * a.h_q;
+  const int* meta = a.meta + blockIdx.y * 8;
+  c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
+  if (c.b0 < 0 || c.b0 >= a.batch || c.b1 > a.batch || c.first < 0 || (c.b0 == c.b1 && c.k0 == c.k1)) return;
+  c.last = c.k1 > 0 ? c.b1 : c.b1 - 1;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < RF_SLOTS; ++s) mbar_init(c.raw_full(s), 1), mbar_init(c.raw_empty(s), 256);
+    for (int s = 0; s < 2; ++s) mbar_init(c.p_full(s), 128), mbar_init(c.p_empty(s), 128);
+    mbar_init(c.q_full(), 1);
+    mbar_init(c.q_empty(), 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_async_smem();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RF_PRODUCER_REGS) : "memory");
+    if (t == 0) rf_producer(a, c, &tmQ);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RF_CONSUMER_REGS) : "memory");
+  int it = 0, qn = 0, rq = 0;
+  for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
+    const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
+    if (w.split && w.g >= a.batch + a.parts) break;
+    const bool lo = w.L < a.p_bf16_min_keys, has_pages = w.kbeg < w.kend;
+    if (wg == 0) {
+      if (!has_pages) {  // no key in this part: lse only (WG1 writes the zero output)
+        const float m0[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF}, l0[4] = {0.f, 0.f, 0.f, 0.f};
+        if (t < 4) rf_write_lse(a, c, w, b, t, m0, l0);
+        continue;
+      }
+      const float qmul = rf_convert_q(c, t, qn++);
+      if (lo) rf_s_request<true>(a, c, w, b, t, it, rq, qmul);
+      else rf_s_request<false>(a, c, w, b, t, it, rq, qmul);
+    } else {
+      if (lo) rf_v_request<true>(a, c, w, b, t, it, rq);
+      else rf_v_request<false>(a, c, w, b, t, it, rq);
+    }
+    rq += has_pages;
+  }
+}
+
+}  // namespace
+
+int launch_mla_decode_swapab_rf(const DecodeArgs& a, void* stream) {
+  // FP8 cache, 1..16 query rows, pages back to back, 16-byte aligned pointers; otherwise -1 (not launched)
+  const int m = a.s_q * a.h_q;
+  if (!a.is_fp8 || m < 1 || m > 16 || a.kcache_block_stride != RF_PAGE ||
+      (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
+    return -1;
+  alignas(64) CUtensorMap tmQ;
+  if (!make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 64,
+                CU_TENSOR_MAP_SWIZZLE_128B, 16))
+    return -1;
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_swapab_rf_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RF_SMEM);
+  if (e != cudaSuccess) return e;
+  mla_decode_swapab_rf_kernel<<<dim3(1, a.parts), RF_THREADS, RF_SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
+  return cudaGetLastError();
+}
+
+}  // namespace flashmla
