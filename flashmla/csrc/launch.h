@@ -79,8 +79,8 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 // FLASHMLA_KERNEL=swapab): -1 without launching when s_q * h_q > max_rows (16 or 32: swapab_max_rows()),
 // the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_swapab(const DecodeArgs& a, void* stream, int max_rows);
-// Swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu, opt-in: FLASHMLA_SWAPAB_RF=1 where the
-// swap-AB kernel runs): -1 without launching unless the cache is FP8, s_q * h_q <= 16, the pages are back to back
+// Swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; where the swap-AB kernel runs, unless
+// FLASHMLA_SWAPAB_RF=0): -1 without launching unless the cache is FP8, s_q * h_q <= 16, the pages are back to back
 // and the pointers 16-byte aligned.
 int launch_mla_decode_swapab_rf(const DecodeArgs& a, void* stream);
 // get_mla_metadata's scheduler (ref.schedule_ref): every segment costs seg_ovh pages beside its

@@ -1,5 +1,5 @@
 // MLA decode, sm_90a, FP8 cache, 1..16 query rows: the swap-AB kernel with register-fed consumers
-// (FLASHMLA_SWAPAB_RF=1 under auto or FLASHMLA_KERNEL=swapab; opt-in).
+// (under auto or FLASHMLA_KERNEL=swapab; FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel instead).
 //
 // Why: the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) writes each page dequantised to bf16 in shared memory
 // and its wgmmas read it back: ~316 KiB of shared-memory traffic per 42 KiB page, which bounds it at 16 rows

@@ -120,10 +120,18 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
     if sel in ("swapab", "auto") and s_q * h_q <= flashmla.api._C.auto_swapab_max_rows():
         want = "swapab"
-        if fp8 and s_q * h_q <= 16 and os.environ.get("FLASHMLA_SWAPAB_RF") == "1":
-            want = "swapab_rf"  # the register-fed FP8 kernel (opt-in)
+        if fp8 and s_q * h_q <= 16 and os.environ.get("FLASHMLA_SWAPAB_RF") != "0":
+            want = "swapab_rf"  # the register-fed FP8 kernel (FLASHMLA_SWAPAB_RF=0: the bf16-stage one)
     assert flashmla.api._C.last_kernel() == want
     return res
+
+
+def fp8_reference(q, k8, bt, sl, causal=False):
+    """The oracle of the FP8 kernel that ran last: the reference on the float32-dequantised cache for the
+    register-fed swap-AB kernel (exact e4m3 values, scales applied in fp32 / f16), on the bf16-dequantised cache
+    (what they compute) for the others."""
+    dt = torch.float32 if flashmla.api._C.last_kernel() == "swapab_rf" else torch.bfloat16
+    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, dt), bt, sl, 512, causal=causal)
 
 
 @pytest.mark.parametrize("ovh", [None, 0, 2, 8, 255])
@@ -163,10 +171,10 @@ def test_split_overhead_scheduler_decodes(lens, h_q, s_q, ovh, monkeypatch):
         monkeypatch.setenv("FLASHMLA_KERNEL", k)
         check(*run(q, kc, bt, sl, causal), ro, rl)
     k8 = flashmla.quantize_kvcache(kc)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
     for k in ("auto", "default"):
         monkeypatch.setenv("FLASHMLA_KERNEL", k)
-        check(*run(q, k8, bt, sl, causal, fp8=True), ro, rl)
+        out, lse = run(q, k8, bt, sl, causal, fp8=True)
+        check(out, lse, *fp8_reference(q, k8, bt, sl, causal))
 
 
 def test_split_overhead_rejects_bad_values(monkeypatch):
@@ -279,8 +287,7 @@ def test_fp8_kvcache(batch, seqlen, h_q, s_q, kernel):
     q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
     k8 = flashmla.quantize_kvcache(kc)
     out, lse = run(q, k8, bt, sl, causal, fp8=True)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
-    check(out, lse, ro, rl)
+    check(out, lse, *fp8_reference(q, k8, bt, sl, causal))
     exact, _ = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=causal)
     if exact.abs().sum() > 0:
         cos = torch.nn.functional.cosine_similarity(out.float().flatten(), exact.flatten(), dim=0)
@@ -389,8 +396,7 @@ def test_auto_kernel_choice(h_q, s_q, fp8, monkeypatch):
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=h_q * s_q)
     kv = flashmla.quantize_kvcache(kc) if fp8 else kc
     out, lse = run(q, kv, bt, sl, causal=s_q > 1, fp8=fp8)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(kv) if fp8 else kc, bt, sl, 512, causal=s_q > 1)
-    check(out, lse, ro, rl)
+    check(out, lse, *(fp8_reference(q, kv, bt, sl, s_q > 1) if fp8 else flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=s_q > 1)))
 
 
 @pytest.mark.parametrize("kernel_name", KERNELS)
@@ -422,9 +428,11 @@ SWAPAB_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2)
                                                                    (32, 1), (16, 2), (17, 1), (9, 3)]))
 
 
-def swapab_default_rows(monkeypatch):
-    """FLASHMLA_SWAPAB_MAX_ROWS unset: the swap-AB kernel takes up to 32 query rows (NR = 32 above 16)."""
+def swapab_default_rows(monkeypatch, rf="0"):
+    """FLASHMLA_SWAPAB_MAX_ROWS unset: the swap-AB kernel takes up to 32 query rows (NR = 32 above 16); the FP8
+    cache at <= 16 rows in its bf16-stage kernel (FLASHMLA_SWAPAB_RF=0) unless rf = "1" (the register-fed one)."""
     monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", rf)
     assert flashmla.api._C.auto_swapab_max_rows() == 32
 
 
@@ -476,6 +484,7 @@ def test_fp8_swapab_falls_back(monkeypatch):
     FLASHMLA_SWAPAB_MAX_ROWS=16) runs the default kernel, for an FP8 and a BF16 cache (run() asserts
     which ran) and meets the tolerances; a FLASHMLA_SWAPAB_MAX_ROWS other than 16 or 32 is an error."""
     need_kernel()
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "0")  # the bf16-stage kernel (the register-fed one: below)
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
     lens = [300, 0, 65]
@@ -501,6 +510,7 @@ def test_fp8_swapab_falls_back(monkeypatch):
 def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
     """Two calls give bit-identical results, and a NaN-poisoned output is fully overwritten."""
     need_kernel()
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "0")  # the bf16-stage kernel (the register-fed one: below)
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     q, kc, bt, sl = make_inputs(12, [3000, 10, 0, 700, 64, 129] * 2, 16, 1, device=DEV, seed=4)
     k8 = flashmla.quantize_kvcache(kc)
@@ -552,23 +562,24 @@ def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, fp8, monkeypatch):
     lens = [2000, 0, 63, 129, 9000]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=31 + h_q * s_q)
     kv = flashmla.quantize_kvcache(kc) if fp8 else kc
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(kv) if fp8 else kc, bt, sl, 512, causal=s_q > 1)
     ran = []
     for env in (None, "32", "16"):
         if env:
             monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", env)
         else:
             monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
-        check(*run(q, kv, bt, sl, s_q > 1, fp8=fp8), ro, rl)
+        out, lse = run(q, kv, bt, sl, s_q > 1, fp8=fp8)
+        check(out, lse, *(fp8_reference(q, kv, bt, sl, s_q > 1) if fp8 else flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=s_q > 1)))
         ran.append(flashmla.api._C.last_kernel())
     above16 = "default" if fp8 else "wgmma"
-    assert ran == (["swapab", "swapab", above16] if h_q * s_q > 16 else ["swapab"] * 3)
+    assert ran == (["swapab", "swapab", above16] if h_q * s_q > 16 else ["swapab_rf" if fp8 else "swapab"] * 3)
 
 
 def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):
     """FLASHMLA_L2_PREFETCH (0..4; unset: kSwapabL2Prefetch) only moves data into L2 early: every
     setting gives bit-identical results, which meet the tolerances."""
     need_kernel()
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "0")  # the bf16-stage kernel (the register-fed one: below)
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     lens = [5000, 1, 0, 700, 64, 4160]
     q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=21)
@@ -583,16 +594,15 @@ def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):
         assert torch.equal(out, base[0]) and torch.equal(lse, base[1]), pf
 
 
-# ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; FLASHMLA_SWAPAB_RF=1, opt-in,
-# 1..16 rows). It is exact in the e4m3 values and applies K's scales in fp32, V's in f16 relative to each page's
+# ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; 1..16 rows, the default there;
+# FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel). It is exact in the e4m3 values and applies K's scales in fp32, V's in f16 relative to each page's
 # largest: its oracle is the reference on the float32-dequantised cache.
 RF_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3)]))
 
 
 def rf_env(monkeypatch, kernel="swapab"):
     monkeypatch.setenv("FLASHMLA_KERNEL", kernel)
-    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "1")
-    swapab_default_rows(monkeypatch)
+    swapab_default_rows(monkeypatch, rf="1")
 
 
 def rf_reference(q, k8, bt, sl, s_q):
@@ -680,7 +690,7 @@ def test_fp8_swapab_rf_cuda_graph_replay(h_q, s_q, monkeypatch):
 
 
 def test_fp8_swapab_rf_applies_only_to_fp8_up_to_16_rows(monkeypatch):
-    """FLASHMLA_SWAPAB_RF=1 leaves 17..32 FP8 rows and every BF16 case to the swap-AB kernel (run() asserts which
+    """The register-fed kernel leaves 17..32 FP8 rows and every BF16 case to the bf16-stage swap-AB kernel (run() asserts which
     ran); a value other than 0 or 1 is an error, raised before anything is launched."""
     need_kernel()
     rf_env(monkeypatch)
