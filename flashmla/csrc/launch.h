@@ -50,6 +50,9 @@ constexpr int kWgmmaWg1Cols = 128;
 // chunk ring keeps only 4 (16 rows) or 3 (32 rows) x 10.25 KiB of copies in flight per SM; H200 A/B,
 // sessions 12 and 15: 2 and 0 within 1-3 %, 4 slower by up to 8 %).
 constexpr int kSwapabL2Prefetch = 2;
+// Register-fed swap-AB kernel (FP8, 1..16 rows): its ring keeps 4 whole pages (164 KiB) in flight per SM, and
+// prefetching ahead of them only crowds the L2 (H200, session 24: distance 0 1.00-1.06x distance 2, 4 0.87-0.92x).
+constexpr int kSwapabRfL2Prefetch = 0;
 // FLASHMLA_KERNEL unset or 'auto': the swap-AB kernel up to this many query rows, 1..16 rows in its
 // 16-row instantiation, 17..32 in its 32-row one (wgmma m64n32k16). FP8 cache, H200 (BENCHMARKS.md,
 // session 15): 1.20-1.29x the BF16 cache at 8-16 rows; 0.98-1.03x at 24/32 rows, where the mma.sync FP8

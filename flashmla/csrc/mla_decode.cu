@@ -575,14 +575,16 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (want_sab) {  // -1: more than sab_rows rows, or tensors TMA cannot address
-    if (a.is_fp8 && !(pf && pf[0])) a.l2_prefetch_pages = kSwapabL2Prefetch;
     // FP8 cache, 1..16 rows: the register-fed kernel (mla_decode_swapab_rf.cu; H200, session 24: 1.10-1.23x the
     // bf16-stage one); FLASHMLA_SWAPAB_RF=0 opts out
     const char* rf = getenv("FLASHMLA_SWAPAB_RF");
     if (rf && rf[0] && strcmp(rf, "0") != 0 && strcmp(rf, "1") != 0) return "FLASHMLA_SWAPAB_RF must be 0 or 1";
+    const bool pf_set = pf && pf[0];
+    if (a.is_fp8 && !pf_set) a.l2_prefetch_pages = kSwapabRfL2Prefetch;
     wg = rf && strcmp(rf, "0") == 0 ? -1 : launch_mla_decode_swapab_rf(a, stream);
     g_last_kernel = "swapab_rf";
     if (wg < 0) {
+      if (a.is_fp8 && !pf_set) a.l2_prefetch_pages = kSwapabL2Prefetch;
       wg = launch_mla_decode_swapab(a, stream, sab_rows);
       g_last_kernel = wg >= 0 ? "swapab" : "default";
     }

@@ -575,20 +575,20 @@ def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, fp8, monkeypatch):
     assert ran == (["swapab", "swapab", above16] if h_q * s_q > 16 else ["swapab_rf" if fp8 else "swapab"] * 3)
 
 
-def test_fp8_swapab_l2_prefetch_settings_agree(monkeypatch):
-    """FLASHMLA_L2_PREFETCH (0..4; unset: kSwapabL2Prefetch) only moves data into L2 early: every
-    setting gives bit-identical results, which meet the tolerances."""
+@pytest.mark.parametrize("rf", ["0", "1"])
+def test_fp8_swapab_l2_prefetch_settings_agree(rf, monkeypatch):
+    """FLASHMLA_L2_PREFETCH (0..4; unset: kSwapabL2Prefetch, or kSwapabRfL2Prefetch for the register-fed kernel)
+    only moves data into L2 early: every setting gives bit-identical results, which meet the tolerances."""
     need_kernel()
-    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "0")  # the bf16-stage kernel (the register-fed one: below)
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", rf)  # the bf16-stage kernel, then the register-fed one
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     lens = [5000, 1, 0, 700, 64, 4160]
     q, kc, bt, sl = make_inputs(len(lens), lens, 16, 1, device=DEV, seed=21)
     k8 = flashmla.quantize_kvcache(kc)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512)
     monkeypatch.delenv("FLASHMLA_L2_PREFETCH", raising=False)
     base = run(q, k8, bt, sl, fp8=True)
-    check(*base, ro, rl)
-    for pf in ("0", "1", "4"):
+    check(*base, *fp8_reference(q, k8, bt, sl))
+    for pf in ("0", "1", "2", "4"):
         monkeypatch.setenv("FLASHMLA_L2_PREFETCH", pf)
         out, lse = run(q, k8, bt, sl, fp8=True)
         assert torch.equal(out, base[0]) and torch.equal(lse, base[1]), pf
