@@ -31,6 +31,7 @@
 // each column at that k (rf_convert_q), so S is unchanged by the permutation. RoPE the same within 64 columns.
 // Shared memory: ring 4 x 41,984 | Q staging 18 KiB | Q f16/bf16 18 KiB | P^T planes 2 x (hi, lo) x 2 KiB |
 // mbarriers, sMax / sL [2][4][16], alpha / 1/l [2][16], Q max [4]: 215,552 bytes with the alignment slack.
+// CPU model of the maps and the barrier protocol: csrc/models/swapab_rf_model.py (update together).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 

@@ -1,0 +1,355 @@
+"""CPU model of the register-fed swap-AB kernel (../mla_decode_swapab_rf.cu; FP8 cache, 1..16 query rows). Update
+together.
+
+layout: requests of a few pages replayed through the kernel's maps in float64, f16 roundings emulated:
+  - Q's conversion (staging slabs read through the 128B swizzle, 2^-E from the live rows' max |Q|, each k-step's
+    columns permuted) into the f16 / bf16 tile, read back as the K-major B operand;
+  - K's A fragments: thread (warp, g, c) -> keys 16w + g (+ 8), word j of its 32 bytes per tile -> k-step and
+    fragment k; each (key, k) written exactly once; per-tile accumulators and fp32 scales, RoPE unscaled;
+  - the softmax over pages (exp2 domain, column max, alpha, f16 P hi / lo);
+  - V's A fragments: PRMT of two keys' words, scale / sigma in f16 (sigma: the page's largest scale of the warp's
+    tile as a power of two), m-tile rows -> value columns d0 + 2mt (+ 1); O rescaled by sigma ratios; the epilogue;
+  and compares out and lse with attention on dequantize_kvcache(k, float32) (0xFF bytes past every length).
+protocol: randomised interleavings of the producer (a ring of 4 page slots, Q after a request's first page), the
+  four warps of the S warpgroup (Q conversion, S, sMax by page parity, P^T and alpha by page parity, row sums and
+  1/l by request parity) and the four of the P V warpgroup, with the kernel's mbarrier counts and parities: no
+  deadlock, every read sees the version it expects.
+`--mutants` breaks one map, count, wait or buffer at a time and asserts each is caught. ~5 s:
+
+    python flashmla/csrc/models/swapab_rf_model.py [--trials N] [--mutants]
+"""
+import math
+import random
+import sys
+
+import numpy as np
+import torch
+
+from flashmla.quant import dequantize_kvcache, quantize_kvcache
+from sim import MBar, NBar, expect_caught, simulate
+
+TOKEN, QSLAB, SLOTS = 656, 2048, 4
+
+
+def swz128(r, k): return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2
+
+
+def f16(x):
+    with np.errstate(over="ignore"):  # (rows past m overflow before they are zeroed, as in the kernel)
+        return np.float16(x).astype(np.float64)
+
+
+def e4m3(b): return float(torch.tensor([b], dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+
+
+E4M3 = [e4m3(b) if (b & 0x7F) != 0x7F else math.nan for b in range(256)]
+
+
+def pow2_ceil(x):
+    if not x > 0: return 1.0
+    return 2.0 ** min(max(math.ceil(math.log2(x)), -126), 126)
+
+
+# ------------------------------------------------------------------------------- layout
+def convert_q(q, m, mut):
+    """q float64 [16, 576] (rows >= m: the next request's) -> (tile {byte address: value}, 2^E)."""
+    stage = {}
+    for sl in range(9):
+        for n in range(16):
+            for col in range(64):  # TMA: row n, 16-byte chunk col // 8 at its swizzled unit
+                stage[sl * QSLAB + n * 128 + ((((col >> 3) ^ n) & 7) << 4) + (col & 7) * 2] = q[n, 64 * sl + col]
+    mx = max((abs(q[n, d]) for n in range(m) for d in range(512)), default=0.0)
+    e = 0
+    if mx > 0:
+        e = min(max(math.ceil(math.log2(mx)) - 15, -126), 126)
+    down = 2.0 ** -e
+    tile = {}
+    for t in range(128):
+        n, ch = t >> 3, t & 7
+        for sl in range(9):
+            src = [stage[sl * QSLAB + n * 128 + (((ch ^ n) & 7) << 4) + 2 * i] for i in range(8)]
+            for h in range(2):
+                d0 = 8 * ch + 4 * h
+                v = src[4 * h:4 * h + 4]
+                if sl < 8:
+                    d = 64 * sl + d0
+                    r = d & 127
+                    kk, cc = 8 * (d >> 7) + ((r >> 2) & 7), r >> 5
+                    v = [f16(x * down) for x in v]
+                else:
+                    kk, cc = 32 + ((d0 >> 2) & 3), d0 >> 4
+                if n >= m: v = [0.0] * 4
+                col = (kk & 3) * 16 + 2 * cc
+                lo, hi = (col + 8, col) if mut == "q_pairs_swapped" else (col, col + 8)
+                for i, c in enumerate((lo, lo + 1, hi, hi + 1)):
+                    addr = (kk >> 2) * QSLAB + swz128(n, c)
+                    assert addr not in tile, "Q tile element written twice"
+                    tile[addr] = v[i]
+    return tile, 2.0 ** e
+
+
+def b_operand(tile):
+    """The K-major B operand as the wgmma reads it: [16 rows][36 k-steps x 16]."""
+    return np.array([[tile[(kk >> 2) * QSLAB + swz128(n, (kk & 3) * 16 + k)] for kk in range(36) for k in range(16)]
+                     for n in range(16)])
+
+
+def k_fragments(raw, mut):
+    """A fragments of S^T per thread -> logical A [64 keys][36 x 16] (NoPE as e4m3 values, RoPE as bf16)."""
+    a = np.zeros((64, 576))
+    seen = np.zeros((64, 576), dtype=bool)
+    rope = torch.from_numpy(raw[:, 528:].copy()).view(torch.bfloat16).double().numpy()  # [64, 64]
+
+    def put(key, kcol, v):
+        assert not seen[key, kcol], "K fragment element written twice"
+        seen[key, kcol] = True
+        a[key, kcol] = v
+    for t in range(128):
+        w4, lane = t >> 5, t & 31
+        gq, cq = lane >> 2, lane & 3
+        for key in (16 * w4 + gq, 16 * w4 + gq + 8):
+            for tl in range(4):
+                for hf in range(2):
+                    for q in range(4):
+                        off = 128 * tl + 32 * cq + 16 * hf + 4 * q
+                        kk = 8 * tl + 4 * hf + q
+                        b = raw[key, off:off + 4]
+                        for e in range(2):
+                            put(key, 16 * kk + 2 * cq + e, E4M3[b[e]])
+                            put(key, 16 * kk + 2 * cq + 8 + e, E4M3[b[2 + e]])
+            for hf in range(2):  # RoPE words 2j (k 2c, 2c + 1) and 2j + 1 (k 2c + 8, 2c + 9) of k-step 32 + j
+                for i in range(4):
+                    j, word = 2 * hf + i // 2, i % 2
+                    r0 = 16 * cq + 8 * hf + 4 * (i // 2) + 2 * word  # the two RoPE columns of this word
+                    for e in range(2):
+                        put(key, 16 * (32 + j) + 2 * cq + 8 * word + e, rope[key, r0 + e])
+    assert seen.all(), "a K fragment element never written"
+    return a
+
+
+def v_fragments(raw, valid, mut):
+    """A fragments of O^T per thread (f16 products, scale / sigma) -> ({value column: [64 keys]}, sigma per tile)."""
+    col, seen = {}, set()
+    scales = raw[:, 512:528].copy().view(np.float32).astype(np.float64)  # [64, 4]
+    sig = {}
+    for w4 in range(4):
+        live = [scales[k, w4] for k in range(64) if k < valid or mut == "v_tail_scale_kept"]
+        sig[w4] = pow2_ceil(max(live, default=0.0))
+    sel_lo, sel_hi = (0x5410, 0x7632) if mut == "prmt_selectors" else (0x5140, 0x7362)
+    for t in range(128):
+        w4, lane = t >> 5, t & 31
+        gq, cq = lane >> 2, lane & 3
+        d0 = 128 * w4 + 16 * gq
+        for ks in range(4):
+            keys = [16 * ks + 2 * cq + (u & 1) + 8 * (u >> 1) for u in range(4)]
+            dead = [k >= valid for k in keys]
+            fac = [0.0 if dead[u] and mut != "v_tail_scale_kept" else scales[keys[u], w4] / sig[w4] for u in range(4)]
+            for p2 in range(2):
+                ka, kb = keys[2 * p2], keys[2 * p2 + 1]
+                fa, fb = f16(fac[2 * p2]), f16(fac[2 * p2 + 1])
+                for q in range(4):
+                    wa = [0] * 4 if dead[2 * p2] else list(raw[ka, d0 + 4 * q:d0 + 4 * q + 4])
+                    wb = [0] * 4 if dead[2 * p2 + 1] else list(raw[kb, d0 + 4 * q:d0 + 4 * q + 4])
+                    src = wa + wb
+                    for sel, mt in ((sel_lo, 2 * q), (sel_hi, 2 * q + 1)):
+                        by = [src[(sel >> (4 * i)) & 7] for i in range(4)]  # PRMT: result byte i <- source nibble i
+                        for half, h in ((0, 0), (1, 1)):  # low 16 bits: row gq (h 0), high: row gq + 8 (h 1)
+                            dcol = d0 + 2 * mt + (1 - h if mut == "v_rows_swapped" else h)
+                            v = col.setdefault(dcol, np.zeros(64))
+                            for e, (k, f) in enumerate(((ka, fa), (kb, fb))):
+                                assert (dcol, k) not in seen, "V fragment element written twice"
+                                seen.add((dcol, k))
+                                v[k] = f16(E4M3[by[2 * half + e]] * f)
+    assert len(seen) == 512 * 64, "a V fragment element never written"
+    return col, sig
+
+
+def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
+    """One request through the kernel's maps (P hi / lo below min_keys keys): (out [m, 512], lse [m]) in float64."""
+    tile, qmul = convert_q(q, m, mut)
+    bq = b_operand(tile)
+    mrow, lrow = np.full(16, -np.inf), np.zeros(16)
+    o = np.zeros((512, 16))
+    sig_prev = {w: 0.0 for w in range(4)}
+    lo = L < min_keys
+    for p, raw in enumerate(raw_pages):
+        valid = L - 64 * p
+        a = k_fragments(raw, mut)
+        sc = raw[:, 512:528].copy().view(np.float32).astype(np.float64)
+        st = [a[:, 128 * t:128 * t + 128] @ bq[:, 128 * t:128 * t + 128].T for t in range(4)]  # [64 keys, 16]
+        sr = a[:, 512:] @ bq[:, 512:].T
+        tl = [(t + 1) % 4 if mut == "k_tile_scales_shifted" else t for t in range(4)]
+        with np.errstate(invalid="ignore"):
+            s = sum(st[t] * sc[:, tl[t]:tl[t] + 1] for t in range(4)) * qmul + sr
+        s = np.where(np.arange(64)[:, None] < valid, s * scale * math.log2(math.e), -np.inf)
+        mx = np.maximum(mrow, s.max(0))
+        muse = np.where(mx == -np.inf, 0.0, mx)
+        al = np.exp2(mrow - muse)
+        pt = np.exp2(s - muse)  # [64, 16]
+        hi = f16(pt)
+        pv = hi + (f16(pt - hi) if lo else 0.0)
+        lrow = lrow * al + pt.sum(0)
+        mrow = mx
+        vcol, sig = v_fragments(raw, valid, mut)
+        for w4 in range(4):
+            rho = sig_prev[w4] / sig[w4] if sig_prev[w4] > 0 and mut != "no_sigma_rescale" else 1.0
+            rows = slice(128 * w4, 128 * w4 + 128)
+            o[rows] = o[rows] * al[None, :] * rho
+            sig_prev[w4] = sig[w4]
+        assert sorted(vcol) == list(range(512)), "value columns not covered exactly once"
+        for dcol, v in vcol.items():
+            o[dcol] += v @ pv
+    out = np.zeros((512, 16))
+    for w4 in range(4):
+        rows = slice(128 * w4, 128 * w4 + 128)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[rows] = o[rows] * sig_prev[w4] * np.where(lrow > 0, 1.0 / lrow, 0.0)[None, :]
+    with np.errstate(divide="ignore"):
+        lse = np.where(lrow > 0, (mrow + np.log2(lrow)) * math.log(2), np.inf)
+    return out.T[:m], lse[:m]
+
+
+def check_layout(L, m, seed, wide=False, min_keys=1024, mut=None):
+    g = torch.Generator().manual_seed(seed)
+    npg = (L + 63) // 64
+    kc = torch.randn(npg * 64, 576, generator=g).to(torch.bfloat16)
+    if wide:  # tile scales over 5 decades: sigma differs between pages and tiles
+        mag = torch.pow(10.0, torch.rand(npg * 64, 4, generator=g) * 5 - 4.5)
+        kc = torch.cat([(kc[:, :512].float().view(-1, 4, 128) * mag[..., None]).flatten(1), kc[:, 512:].float()], 1)
+        kc = kc.to(torch.bfloat16)
+    k8 = quantize_kvcache(kc)
+    k8[L:] = 0xFF  # NaN values and scales past the length
+    q = torch.randn(16, 576, generator=g).to(torch.bfloat16).double()
+    q[m:] *= 50.0  # the next request's rows: must not set E
+    scale = 576 ** -0.5
+    raw = k8.numpy()
+    out, lse = rf_attention([raw[64 * p:64 * p + 64] for p in range(npg)], L, q.numpy(), m, scale, min_keys, mut)
+    kd = dequantize_kvcache(k8[:L], torch.float32).double()
+    logits = q[:m] @ kd.T * scale
+    ref_lse = torch.logsumexp(logits, -1)
+    ref = torch.softmax(logits, -1) @ kd[:, :512]
+    assert np.isfinite(out).all(), "non-finite output"
+    err = np.abs(out - ref.numpy()).max() / max(1e-30, np.abs(ref.numpy()).max())
+    assert err < 2e-3, f"out error {err:.2e} (L={L}, m={m})"
+    lerr = np.abs(lse - ref_lse.numpy()).max()
+    assert lerr < 1e-4, f"lse error {lerr:.2e}"
+
+
+# (keys, rows, seed[, wide scales, exact-P threshold]): tails of 36, 1 and 2 keys, a page-aligned length, bf16-only P
+LAYOUT_CASES = [(100, 16, 1), (1, 5, 2), (64, 11, 3), (130, 16, 4, True), (70, 3, 5, False, 0)]
+LAYOUT_MUTANTS = ("q_pairs_swapped", "prmt_selectors", "v_rows_swapped", "k_tile_scales_shifted", "no_sigma_rescale",
+                  "v_tail_scale_kept")
+
+
+# ------------------------------------------------------------------------------- protocol
+def run_protocol(reqs, seed, mut=None):
+    """reqs: pages per request (0 allowed)."""
+    rnd = random.Random(seed)
+    mb = {**{f"rf{s}": MBar(1) for s in range(SLOTS)},
+          **{f"re{s}": MBar(128 if mut == "raw_empty_count_128" else 256) for s in range(SLOTS)},
+          **{f"pf{s}": MBar(128) for s in range(2)}, **{f"pe{s}": MBar(128) for s in range(2)},
+          "qfull": MBar(1), "qempty": MBar(128)}
+    nb = {k: NBar(k, parties=4) for k in ("SMAX", "SL", "Q")}
+
+    def producer():
+        it = qn = 0
+        for r, npg in enumerate(reqs):
+            for j in range(npg):
+                s = it % SLOTS
+                yield ("wait", f"re{s}", ((it // SLOTS) & 1) ^ 1)
+                yield ("expect", f"rf{s}"); yield ("tma", f"R{s}", ("pg", it), f"rf{s}")
+                if j == 0:
+                    yield ("wait", "qempty", (qn & 1) ^ 1)
+                    yield ("expect", "qfull"); yield ("tma", "QS", ("Q", r), "qfull"); qn += 1
+                it += 1
+
+    def s_warp(w):
+        it = qn = rq = 0
+        for r, npg in enumerate(reqs):
+            if npg == 0: continue
+            yield ("wait", "qfull", qn & 1); qn += 1
+            yield ("rbeg", "QS", ("Q", r)); yield ("rend", "QS", ("Q", r))
+            yield ("write", f"QR.{w}", ("QR", r)); yield ("nsync", "Q")
+            for x in range(4): yield ("rbeg", f"QR.{x}", ("QR", r)); yield ("rend", f"QR.{x}", ("QR", r))
+            if mut == "q_empty_before_read": yield ("arrive", "qempty", 32)
+            yield ("rbeg", "QS", ("Q", r)); yield ("rend", "QS", ("Q", r))
+            yield ("write", f"QF.{w}", ("QF", r))
+            if mut != "q_empty_before_read": yield ("arrive", "qempty", 32)
+            yield ("nsync", "Q")
+            for j in range(npg):
+                s, par = it % SLOTS, it & 1
+                yield ("wait", f"rf{s}", (it // SLOTS) & 1)
+                rd = [(f"R{s}", ("pg", it))] + [(f"QF.{x}", ("QF", r)) for x in range(4)]
+                for b, v in rd: yield ("rbeg", b, v)
+                for b, v in rd: yield ("rend", b, v)
+                yield ("arrive", f"re{s}", 32)
+                mpar = 0 if mut == "smax_one_buffer" else par
+                yield ("write", f"M{mpar}.{w}", ("M", it)); yield ("nsync", "SMAX")
+                for x in range(4): yield ("rbeg", f"M{mpar}.{x}", ("M", it)); yield ("rend", f"M{mpar}.{x}", ("M", it))
+                ppar = 0 if mut == "one_p_plane" else par
+                if mut != "s_skips_p_empty": yield ("wait", f"pe{par}", ((it >> 1) & 1) ^ 1)
+                yield ("write", f"P{ppar}.{w}", ("P", it))
+                if w == 0: yield ("write", f"A{ppar}", ("A", it))
+                if j == npg - 1:
+                    lpar = rq & 1
+                    yield ("write", f"L{lpar}.{w}", ("L", r)); yield ("nsync", "SL")
+                    for x in range(4): yield ("rbeg", f"L{lpar}.{x}", ("L", r)); yield ("rend", f"L{lpar}.{x}", ("L", r))
+                    ipar = 0 if mut == "one_inv_buffer" else rq & 1
+                    if w == 0: yield ("write", f"I{ipar}", ("I", r))
+                yield ("arrive", f"pf{par}", 32)
+                it += 1
+            rq += 1
+
+    def v_warp(w):
+        it = rq = 0
+        for r, npg in enumerate(reqs):
+            for j in range(npg):
+                s, par = it % SLOTS, it & 1
+                yield ("wait", f"rf{s}", (it // SLOTS) & 1)
+                if mut == "v_releases_before_read": yield ("arrive", f"re{s}", 32)
+                yield ("rbeg", f"R{s}", ("pg", it)); yield ("rend", f"R{s}", ("pg", it))
+                if mut != "v_releases_before_read": yield ("arrive", f"re{s}", 32)
+                yield ("wait", f"pf{par}", (it >> 1) & 1)
+                ppar = 0 if mut == "one_p_plane" else par
+                ipar = 0 if mut == "one_inv_buffer" else rq & 1
+                rd = [(f"P{ppar}.{x}", ("P", it)) for x in range(4)] + [(f"A{ppar}", ("A", it))]
+                if j == npg - 1 and mut != "v_reads_inv_late": rd.append((f"I{ipar}", ("I", r)))
+                for b, v in rd: yield ("rbeg", b, v)
+                for b, v in rd: yield ("rend", b, v)
+                yield ("arrive", f"pe{par}", 32)
+                if j == npg - 1 and mut == "v_reads_inv_late":
+                    yield ("rbeg", f"I{ipar}", ("I", r)); yield ("rend", f"I{ipar}", ("I", r))
+                it += 1
+            rq += npg > 0
+
+    actors = {"PR": producer(), **{f"S{w}": s_warp(w) for w in range(4)}, **{f"V{w}": v_warp(w) for w in range(4)}}
+    simulate(actors, mb, nb, rnd, slow=0.03, max_steps=400000)
+
+
+def check_protocol(trials, mut=None):
+    n = 0
+    for trial in range(trials):
+        rng = random.Random(trial)
+        reqs = [rng.choice([0, 1, 1, 1, 2, 3, 6]) for _ in range(rng.randint(1, 6))]
+        for sch in range(4):
+            run_protocol(reqs, trial * 100 + sch, mut); n += 1
+    return n
+
+
+PROTOCOL_MUTANTS = ("raw_empty_count_128", "v_releases_before_read", "s_skips_p_empty", "one_p_plane", "one_inv_buffer",
+                    "v_reads_inv_late", "q_empty_before_read")
+# (sMax by page parity is belt and braces, as in the other swap-AB kernel: "smax_one_buffer" passes)
+
+
+if __name__ == "__main__":
+    trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 300
+    for case in LAYOUT_CASES:
+        check_layout(*case)
+    print("swapab_rf layout model: Q conversion and permutation, K and V fragments, per-tile scales, sigma, softmax, "
+          "epilogue == attention on dequantize_kvcache(k, float32)")
+    n = check_protocol(trials)
+    print("swapab_rf protocol model ok:", n, "random schedules, no deadlock, no race")
+    if "--mutants" in sys.argv:
+        expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES], LAYOUT_MUTANTS)
+        expect_caught(lambda mut: check_protocol(trials, mut), PROTOCOL_MUTANTS)
+        print("all", len(LAYOUT_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
