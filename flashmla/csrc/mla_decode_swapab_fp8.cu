@@ -135,11 +135,11 @@ __device__ __forceinline__ uint16_t bf16_bits(float x) {
 }
 
 template <int NR>
-struct SabCta {
+struct SabCta : Part {
   static constexpr int NCH = SabLayout<NR>::NCH;
   uint32_t uK, uQ, uRaw, uP, uBar;
   float *sMax, *sL;  // [2][4 warps][NR rows] each
-  int m, b0, k0, b1, k1, first, last;
+  int m;
   __device__ uint32_t raw_full(int c) const { return uBar + 8 * c; }
   __device__ uint32_t raw_empty(int c) const { return uBar + 8 * (NCH + c); }
   __device__ uint32_t full(int s) const { return uBar + 16 * NCH + 8 * s; }
@@ -479,10 +479,7 @@ __global__ void __launch_bounds__(SabLayout<NR>::THREADS, 1)
   c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + L::OFF_MISC + 128);
   c.sL = c.sMax + 2 * 4 * NR;
   c.m = a.s_q * a.h_q;
-  const int* meta = a.meta + blockIdx.y * 8;
-  c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
-  if (c.b0 < 0 || c.b0 >= a.batch || c.b1 > a.batch || c.first < 0 || (c.b0 == c.b1 && c.k0 == c.k1)) return;
-  c.last = c.k1 > 0 ? c.b1 : c.b1 - 1;
+  if (!load_part(a.meta, a.batch, c)) return;
   if (threadIdx.x == 0) {
     for (int i = 0; i < NCH; ++i) {
       mbar_init(c.raw_full(i), 1);

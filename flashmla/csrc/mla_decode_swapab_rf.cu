@@ -50,10 +50,10 @@ constexpr int RF_THREADS = 384, RF_PRODUCER_REGS = 40, RF_CONSUMER_REGS = 232;
 static_assert((168 - RF_PRODUCER_REGS) >= 2 * (RF_CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
 constexpr int RF_BAR_SMAX = 1, RF_BAR_SL = 2, RF_BAR_Q = 3;  // named barriers of WG0
 
-struct RfCta {
+struct RfCta : Part {
   uint32_t uRaw, uQS, uQF, uP, uBar;
   float *sMax, *sL, *sAlpha, *sInv, *sQred;
-  int m, b0, k0, b1, k1, first, last;
+  int m;
   __device__ uint32_t raw_full(int s) const { return uBar + 8 * s; }
   __device__ uint32_t raw_empty(int s) const { return uBar + 32 + 8 * s; }
   __device__ uint32_t p_full(int s) const { return uBar + 64 + 8 * s; }
@@ -502,10 +502,7 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
   c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + RF_OFF_MISC + 128);  // [2][4][16]
   c.sL = c.sMax + 128, c.sAlpha = c.sL + 128, c.sInv = c.sAlpha + 32, c.sQred = c.sInv + 32;
   c.m = a.s_q * a.h_q;
-  const int* meta = a.meta + blockIdx.y * 8;
-  c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
-  if (c.b0 < 0 || c.b0 >= a.batch || c.b1 > a.batch || c.first < 0 || (c.b0 == c.b1 && c.k0 == c.k1)) return;
-  c.last = c.k1 > 0 ? c.b1 : c.b1 - 1;
+  if (!load_part(a.meta, a.batch, c)) return;
   if (threadIdx.x == 0) {
     for (int s = 0; s < RF_SLOTS; ++s) mbar_init(c.raw_full(s), 1), mbar_init(c.raw_empty(s), 256);
     for (int s = 0; s < 2; ++s) mbar_init(c.p_full(s), 128), mbar_init(c.p_empty(s), 128);

@@ -129,13 +129,13 @@ __device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0,
 
 // One CTA of either wgmma kernel: its shared-memory addresses (the same layout in both), its thread,
 // its 64 query rows and its scheduler part [b0/k0, b1/k1).
-struct CtaPart {
+struct CtaPart : Part {
   uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty, bar_qready;
   float* sQmul;   // f16 consumers: 2^E, Q's NoPE and RoPE parts were scaled by 2^-E (producer -> WG1)
   float* sQred;   // [4] f16 consumers: the producer warps' maxima of |Q|
   float* sAlpha;  // [2][64] row rescale factors by parity of the page (WG1 -> WG2)
   float* sInv;    // [2][64] 1/l by parity of the request (WG1 -> WG2)
-  int tid, wg, t, m, row_base, b0, k0, b1, k1, first, last;
+  int tid, wg, t, m, row_base;
 };
 
 // Fills c from the launch and the metadata; false when the part is empty (the CTA exits at once).
@@ -154,10 +154,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
   c.sQred = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + OFF_QRED);
   c.tid = threadIdx.x, c.wg = c.tid >> 7, c.t = c.tid & 127;
   c.m = a.s_q * a.h_q, c.row_base = blockIdx.x * BM;
-  const int* meta = a.meta + blockIdx.y * 8;
-  c.b0 = meta[0], c.k0 = meta[1], c.b1 = meta[2], c.k1 = meta[3], c.first = meta[4];
-  if (c.b0 < 0 || c.b0 >= a.batch || c.b1 > a.batch || c.first < 0 || (c.b0 == c.b1 && c.k0 == c.k1)) return false;
-  c.last = c.k1 > 0 ? c.b1 : c.b1 - 1;
+  if (!load_part(a.meta, a.batch, c)) return false;
   if (c.tid == 0) {
     for (int s = 0; s < 2; ++s) {
       mbar_init(c.uBar + 8 * s, full_arrivals);

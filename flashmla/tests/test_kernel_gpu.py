@@ -337,6 +337,21 @@ def test_fp8_wgmma_matches_default_kernel(h_q, s_q, monkeypatch):
     run_kernels(monkeypatch, KERNELS, q, k8, bt, sl, s_q, fp8=True, ref=ref)
 
 
+def shape_data(q, kc, data, seed):
+    """randn: as drawn; wide: tile scales over 5.5 decades (wide_tile_cache); large_q: |Q| up to ~1.5e5 on every
+    other request (E = 3 there) over K ~ 1e-4 (half of it f16 subnormals), logits ~3x the randn case's (at 3e5, 30x:
+    the fp32 sums of S, reference and kernel alike, then differ by ~1e-5 of lse); small_q: |Q| ~ 1e-6 over K ~ 1e6
+    (logits of order 1; outputs ~1e6, so compare them scaled back)."""
+    if data == "wide":
+        kc = wide_tile_cache(kc, seed)
+    if data == "large_q":
+        q[1::2] = (q[1::2].float() * 3e4).to(q.dtype)
+        kc = (kc.float() * 1e-4).to(kc.dtype)
+    if data == "small_q":
+        q, kc = (q.float() * 1e-6).to(q.dtype), (kc.float() * 1e6).to(kc.dtype)
+    return q, kc
+
+
 @pytest.mark.parametrize("h_q,s_q", [(48, 1), (64, 1), (64, 2), (128, 1), (128, 2)])
 @pytest.mark.parametrize("data", ["randn", "wide", "large_q"])
 def test_fp8_f16_consumers(h_q, s_q, data, monkeypatch):
@@ -350,13 +365,7 @@ def test_fp8_f16_consumers(h_q, s_q, data, monkeypatch):
     monkeypatch.setenv("FLASHMLA_FP8_F16", "1")
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=17 * h_q + s_q)
-    if data == "wide":
-        kc = wide_tile_cache(kc, 3)
-    if data == "large_q":
-        # |Q| up to ~1.5e5 (E = 3 for those requests) over K ~ 1e-4 (half of it f16 subnormals): logits ~3x the
-        # randn case's (at 3e5, 30x: the fp32 sums of S, reference and kernel alike, then differ by ~1e-5 of lse)
-        q[1::2] = (q[1::2].float() * 3e4).to(q.dtype)
-        kc = (kc.float() * 1e-4).to(kc.dtype)
+    q, kc = shape_data(q, kc, data, 3)
     k8 = flashmla.quantize_kvcache(kc)
     out, lse = run(q, k8, bt, sl, causal=s_q > 1, fp8=True)
     check(out, lse, *flashmla.mla_decode_ref(q, f16_dequantized(k8), bt, sl, 512, causal=s_q > 1))
@@ -444,23 +453,24 @@ def poison_fp8_tails(k8, bt, sl):
             k8[bt[b, L // 64].item(), L % 64:] = 0xFF
 
 
-@pytest.mark.parametrize("batch,seqlen,hs", SWAPAB_SWEEP)
-def test_fp8_swapab_sweep(batch, seqlen, hs, monkeypatch):
-    """FP8 cache under the swap-AB kernel vs the reference on the dequantised cache (the BF16
-    tolerances), ragged lengths incl. 0, NaN bytes past every length, causal when s_q > 1."""
+@pytest.mark.parametrize("batch,seqlen,hs,rf", [c + ("0",) for c in SWAPAB_SWEEP] +
+                         [c + ("1",) for c in SWAPAB_SWEEP if c[2][0] * c[2][1] <= 16])
+def test_fp8_swapab_sweep(batch, seqlen, hs, rf, monkeypatch):
+    """FP8 cache under the swap-AB kernels (rf "0": bf16-stage; "1": register-fed, <= 16 rows) vs the reference
+    of the kernel that ran (the BF16 tolerances), ragged lengths incl. 0, 0xFF bytes (NaN values and scales) past
+    every length, causal when s_q > 1."""
     need_kernel()
     h_q, s_q = hs
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    swapab_default_rows(monkeypatch)
-    seed = hash((batch, seqlen, h_q, s_q, "swapab")) % 10000
+    swapab_default_rows(monkeypatch, rf=rf)
+    seed = hash((batch, seqlen, h_q, s_q, "swapab_rf" if rf == "1" else "swapab")) % 10000
     rng = random.Random(seed)
     lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
     q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
     k8 = flashmla.quantize_kvcache(kc)
     poison_fp8_tails(k8, bt, sl)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
-    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=s_q > 1)
-    check(out, lse, ro, rl)
+    check(out, lse, *fp8_reference(q, k8, bt, sl, causal=s_q > 1))
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (32, 1), (16, 2), (11, 3), (8, 4)])
@@ -526,15 +536,15 @@ def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize("h_q,s_q", [(8, 2), (16, 2)])
-def test_fp8_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
-    """The swap-AB path captured in a CUDA graph and replayed with new lengths (0, tails inside a
-    page), each replay checked against the reference on the dequantised cache (32 rows: NR = 32)."""
+@pytest.mark.parametrize("h_q,s_q,rf", [(8, 2, "0"), (16, 2, "0"), (16, 1, "1"), (8, 2, "1")])
+def test_fp8_swapab_cuda_graph_replay(h_q, s_q, rf, monkeypatch):
+    """The swap-AB FP8 kernels (rf "0": bf16-stage, 32 rows: NR = 32; "1": register-fed) captured in a CUDA graph
+    and replayed with new lengths (0, tails inside a page), each replay checked against its reference."""
     need_kernel()
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
-    swapab_default_rows(monkeypatch)
+    swapab_default_rows(monkeypatch, rf=rf)
     batch, cap = 6, 4160
-    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=13)
+    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=13 + int(rf))
     k8 = flashmla.quantize_kvcache(kc)
     static_sl = sl.clone()
 
@@ -544,9 +554,8 @@ def test_fp8_swapab_cuda_graph_replay(h_q, s_q, monkeypatch):
                                                is_fp8_kvcache=True)
 
     graph, (g_out, g_lse) = capture(step)
-    assert flashmla.api._C.last_kernel() == "swapab"
-    check_replays(graph, g_out, g_lse, static_sl, cap,
-                  lambda: flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, static_sl, 512, causal=True),
+    assert flashmla.api._C.last_kernel() == ("swapab_rf" if rf == "1" else "swapab")
+    check_replays(graph, g_out, g_lse, static_sl, cap, lambda: fp8_reference(q, k8, bt, static_sl, causal=True),
                   page_tails=True)
 
 
@@ -597,7 +606,6 @@ def test_fp8_swapab_l2_prefetch_settings_agree(rf, monkeypatch):
 # ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; 1..16 rows, the default there;
 # FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel). It is exact in the e4m3 values and applies K's scales in fp32, V's in f16 relative to each page's
 # largest: its oracle is the reference on the float32-dequantised cache.
-RF_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2), (8, 1), (8, 2), (16, 1), (5, 3)]))
 
 
 def rf_env(monkeypatch, kernel="swapab"):
@@ -607,21 +615,6 @@ def rf_env(monkeypatch, kernel="swapab"):
 
 def rf_reference(q, k8, bt, sl, s_q):
     return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
-
-
-@pytest.mark.parametrize("batch,seqlen,hs", RF_SWEEP)
-def test_fp8_swapab_rf_sweep(batch, seqlen, hs, monkeypatch):
-    """Ragged lengths incl. 0, 0xFF bytes (NaN values and scales) past every length, causal when s_q > 1."""
-    need_kernel()
-    h_q, s_q = hs
-    rf_env(monkeypatch)
-    seed = hash((batch, seqlen, h_q, s_q, "swapab_rf")) % 10000
-    rng = random.Random(seed)
-    lens = [seqlen] + [rng.randint(0, seqlen) for _ in range(batch - 1)]
-    q, kc, bt, sl = make_inputs(batch, lens, h_q, s_q, device=DEV, seed=seed)
-    k8 = flashmla.quantize_kvcache(kc)
-    poison_fp8_tails(k8, bt, sl)
-    check(*run(q, k8, bt, sl, s_q > 1, fp8=True), *rf_reference(q, k8, bt, sl, s_q))
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (11, 1)])
@@ -634,14 +627,7 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     rf_env(monkeypatch, "auto")
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
     q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=23 * h_q + s_q)
-    if data == "wide":
-        kc = wide_tile_cache(kc, 5)
-    if data == "large_q":
-        q[1::2] = (q[1::2].float() * 3e4).to(q.dtype)
-        kc = (kc.float() * 1e-4).to(kc.dtype)
-    if data == "small_q":  # logits of order 1 from |Q| ~ 1e-6 need |K| ~ 1e6: outputs compared at 1e-6 of that
-        q = (q.float() * 1e-6).to(q.dtype)
-        kc = (kc.float() * 1e6).to(kc.dtype)
+    q, kc = shape_data(q, kc, data, 5)
     k8 = flashmla.quantize_kvcache(kc)
     poison_fp8_tails(k8, bt, sl)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
@@ -667,26 +653,6 @@ def test_fp8_swapab_rf_deterministic_and_poisoned_output_written(monkeypatch):
         assert not torch.isnan(out).any() and not torch.isnan(lse).any()
         outs.append((out.clone(), lse.clone()))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-
-
-@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2)])
-def test_fp8_swapab_rf_cuda_graph_replay(h_q, s_q, monkeypatch):
-    """Captured in a CUDA graph at one batch and replayed with new lengths (0, tails inside a page)."""
-    need_kernel()
-    rf_env(monkeypatch)
-    batch, cap = 6, 4160
-    q, kc, bt, sl = make_inputs(batch, [cap] * batch, h_q, s_q, device=DEV, seed=14)
-    k8 = flashmla.quantize_kvcache(kc)
-    static_sl = sl.clone()
-
-    def step():
-        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
-        return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, causal=True,
-                                               is_fp8_kvcache=True)
-
-    graph, (g_out, g_lse) = capture(step)
-    assert flashmla.api._C.last_kernel() == "swapab_rf"
-    check_replays(graph, g_out, g_lse, static_sl, cap, lambda: rf_reference(q, k8, bt, static_sl, 2), page_tails=True)
 
 
 def test_fp8_swapab_rf_applies_only_to_fp8_up_to_16_rows(monkeypatch):

@@ -120,3 +120,12 @@ def random_mixes(run, trials, mut, pages, schedules):
         for sch in range(schedules):
             run(reqs, trial * 100 + sch, mut); n += 1
     return n
+
+
+def page_mixes(trials, choices, schedules=4):
+    """(reqs, seed) for `trials` random mixes of 1-6 requests of random.choice(choices) pages, `schedules` seeds each."""
+    for trial in range(trials):
+        rng = random.Random(trial)
+        reqs = [rng.choice(choices) for _ in range(rng.randint(1, 6))]
+        for sch in range(schedules):
+            yield reqs, trial * 100 + sch

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
-from sim import MBar, NBar, expect_caught, simulate
+from sim import MBar, NBar, expect_caught, page_mixes, simulate
 
 TOKEN, QSLAB, SLOTS = 656, 2048, 4
 
@@ -328,11 +328,8 @@ def run_protocol(reqs, seed, mut=None):
 
 def check_protocol(trials, mut=None):
     n = 0
-    for trial in range(trials):
-        rng = random.Random(trial)
-        reqs = [rng.choice([0, 1, 1, 1, 2, 3, 6]) for _ in range(rng.randint(1, 6))]
-        for sch in range(4):
-            run_protocol(reqs, trial * 100 + sch, mut); n += 1
+    for reqs, seed in page_mixes(trials, [0, 1, 1, 1, 2, 3, 6]):
+        run_protocol(reqs, seed, mut); n += 1
     return n
 
 
@@ -341,15 +338,18 @@ PROTOCOL_MUTANTS = ("raw_empty_count_128", "v_releases_before_read", "s_skips_p_
 # (sMax by page parity is belt and braces, as in the other swap-AB kernel: "smax_one_buffer" passes)
 
 
-if __name__ == "__main__":
-    trials = int(sys.argv[sys.argv.index("--trials") + 1]) if "--trials" in sys.argv else 300
+def main(argv):
+    trials = int(argv[argv.index("--trials") + 1]) if "--trials" in argv else 300
     for case in LAYOUT_CASES:
         check_layout(*case)
     print("swapab_rf layout model: Q conversion and permutation, K and V fragments, per-tile scales, sigma, softmax, "
           "epilogue == attention on dequantize_kvcache(k, float32)")
-    n = check_protocol(trials)
-    print("swapab_rf protocol model ok:", n, "random schedules, no deadlock, no race")
-    if "--mutants" in sys.argv:
+    print("swapab_rf protocol model ok:", check_protocol(trials), "random schedules, no deadlock, no race")
+    if "--mutants" in argv:
         expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES], LAYOUT_MUTANTS)
         expect_caught(lambda mut: check_protocol(trials, mut), PROTOCOL_MUTANTS)
         print("all", len(LAYOUT_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
