@@ -11,8 +11,8 @@
 //   WG2 (thread 256): producer. Each page (41,984 contiguous bytes) by one cp.async.bulk into a ring of
 //     RF_SLOTS page slots (raw_full: expect_tx; raw_empty: 256 consumer arrivals); the request's 16 Q rows by
 //     TMA (bf16, 64 x 16 boxes, 128B swizzle) into a staging tile after its first page (q_full / q_empty);
-//     L2 prefetch a.l2_prefetch_pages ahead, as the other swap-AB kernel.
-//   WG0 ("S"): per request, Q's NoPE part to f16 scaled by 2^-E (max |Q| of the live rows in [2^14, 2^15)),
+//     L2 prefetch a.l2_prefetch_pages ahead (kSwapabRfL2Prefetch = 0 unless FLASHMLA_L2_PREFETCH is set).
+//   WG0 ("S"): per request, Q's NoPE part to f16 scaled by 2^-E (max |Q| of the live rows in (2^14, 2^15]),
 //     its RoPE part kept bf16, each k-step's 16 columns permuted to the fragment order below. Per page:
 //     S^T[64 keys x 16 rows] from A = raw K in registers: e4m3 -> f16 is exact, so each 128-column scale tile t
 //     gets its own accumulator S_t (8 wgmma m64n16k16 f16), RoPE one more (4 bf16 wgmmas), and
