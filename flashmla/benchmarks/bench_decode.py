@@ -116,8 +116,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 cache")
     ap.add_argument("--fp8-kernels", default="default,wgmma",
-                    help="FLASHMLA_KERNEL variants the FP8 cache is timed under (comma-separated; swapab: the "
-                         "swap-AB kernel at <= 32 query rows, the default kernel above)")
+                    help="FLASHMLA_KERNEL variants the FP8 cache is timed under (comma-separated NAME[+VAR=VALUE...] "
+                         "as --kernels; swapab: the swap-AB kernel at <= 32 query rows, the default kernel above)")
     ap.add_argument("--fp8-heads", default="16,32,64,128", help="h_q values of the FP8 table (comma-separated)")
     ap.add_argument("--fp8-only", action="store_true", help="skip the BF16 table (with --fp8)")
     ap.add_argument("--compare-ksplit", action="store_true",
@@ -140,7 +140,8 @@ def main():
                  f"wgmma,swapab and VAR in {','.join(KNOBS)}, got {args.kernels!r}")
     fp8_kernels = [k.strip() for k in args.fp8_kernels.split(",") if k.strip()]
     if not fp8_kernels or any(parse_variant(k) is None for k in fp8_kernels):
-        ap.error(f"--fp8-kernels: expected a comma-separated subset of auto,default,wgmma,swapab, got {args.fp8_kernels!r}")
+        ap.error(f"--fp8-kernels: expected comma-separated variants NAME[+VAR=VALUE...] with NAME in auto,default,"
+                 f"wgmma,swapab and VAR in {','.join(KNOBS)}, got {args.fp8_kernels!r}")
     use_variant(kernels[0])
     split_ovh = flashmla.api.split_overhead_setting()   # scheduler of the first variant (fixed_cost_fit.py)
     labels = [k if len(k) <= 8 else f"var{i}" for i, k in enumerate(kernels)]
