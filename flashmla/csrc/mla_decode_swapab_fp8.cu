@@ -455,13 +455,7 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
         orow[mt * 64 + 8] = o[mt][idx0 + 2] * inv;
       }
     }
-    if (w4 == 0 && gq == 0) {
-      const bool empty = !(l > 0.f);
-      const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[k] + log2f(l)) * LN2;
-      const int i = n / a.h_q, hh = n - i * a.h_q;
-      if (!w.split) a.lse[(int64_t)b * c.m + hh * a.s_q + i] = lse;
-      else a.lacc[(int64_t)w.g * c.m + n] = lse;
-    }
+    if (w4 == 0 && gq == 0) store_lse(a, w, b, c.m, n, mrow[k], l);
   }
 }
 

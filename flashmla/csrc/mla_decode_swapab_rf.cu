@@ -217,12 +217,7 @@ __device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta& c
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int n = rf_col(k, cq);
-    if (n >= c.m) continue;
-    const bool empty = !(l[k] > 0.f);
-    const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow[k] + log2f(l[k])) * LN2;
-    const int i = n / a.h_q, hh = n - i * a.h_q;
-    if (!w.split) a.lse[(int64_t)b * c.m + hh * a.s_q + i] = lse;
-    else a.lacc[(int64_t)w.g * c.m + n] = lse;
+    if (n < c.m) store_lse(a, w, b, c.m, n, mrow[k], l[k]);
   }
 }
 

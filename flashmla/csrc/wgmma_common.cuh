@@ -127,6 +127,16 @@ __device__ __forceinline__ Work request_work(const DecodeArgs& a, int b, int b0,
   return w;
 }
 
+// The lse of query row `row` (of m) of request b from its running max (exp2 domain) and row sum: natural log
+// into lse [batch, h_q, s_q], or into the split partial's lacc; no key gives +inf there, -inf in a partial.
+__device__ __forceinline__ void store_lse(const DecodeArgs& a, const Work& w, int b, int m, int row, float mrow, float l) {
+  const bool empty = !(l > 0.f);
+  const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow + log2f(l)) * LN2;
+  const int i = row / a.h_q, hh = row - i * a.h_q;
+  if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
+  else a.lacc[(int64_t)w.g * m + row] = lse;
+}
+
 // One CTA of either wgmma kernel: its shared-memory addresses (the same layout in both), its thread,
 // its 64 query rows and its scheduler part [b0/k0, b1/k1).
 struct CtaPart : Part {
@@ -336,13 +346,7 @@ __device__ __forceinline__ void store_row(const DecodeArgs& a, const Work& w, in
       for (int j = 0; j < 16; ++j)
         *reinterpret_cast<float2*>(orow + k * 128 + j * 8) = make_float2(o[k][j * 4 + 2 * h] * inv, o[k][j * 4 + 2 * h + 1] * inv);
   }
-  if (with_lse) {
-    const bool empty = !(lrow > 0.f);
-    const float lse = empty ? (w.split ? NEG_INF : -NEG_INF) : (mrow + log2f(lrow)) * LN2;
-    const int i = rg / a.h_q, hh = rg - i * a.h_q;
-    if (!w.split) a.lse[(int64_t)b * m + hh * a.s_q + i] = lse;
-    else a.lacc[(int64_t)w.g * m + rg] = lse;
-  }
+  if (with_lse) store_lse(a, w, b, m, rg, mrow, lrow);
 }
 
 // The two consumer warpgroups (wg = 1, 2; t = thread index in the warpgroup) over the CTA's part
