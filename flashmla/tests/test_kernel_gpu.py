@@ -517,20 +517,22 @@ def test_fp8_swapab_falls_back(monkeypatch):
         assert flashmla.api._C.last_kernel() == ("default" if h_q > 32 else "swapab")
 
 
-def test_fp8_swapab_deterministic_and_poisoned_output_written(monkeypatch):
-    """Two calls give bit-identical results, and a NaN-poisoned output is fully overwritten."""
+@pytest.mark.parametrize("rf", ["0", "1"])
+def test_fp8_swapab_deterministic_and_poisoned_output_written(rf, monkeypatch):
+    """Two calls of either swap-AB FP8 kernel (rf "0": bf16-stage, "1": register-fed) give bit-identical results,
+    and a NaN-poisoned output is fully overwritten."""
     need_kernel()
-    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "0")  # the bf16-stage kernel (the register-fed one: below)
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", rf)
     monkeypatch.setenv("FLASHMLA_KERNEL", "swapab")
     q, kc, bt, sl = make_inputs(12, [3000, 10, 0, 700, 64, 129] * 2, 16, 1, device=DEV, seed=4)
     k8 = flashmla.quantize_kvcache(kc)
     meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
     outs = []
     for _ in range(2):
-        junk = torch.full((1 << 22,), float("nan"), device=DEV)
+        junk = torch.full((1 << 22,), float("nan"), device=DEV)  # the output reuses this memory
         del junk
         out, lse = flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
-        assert flashmla.api._C.last_kernel() == "swapab"
+        assert flashmla.api._C.last_kernel() == ("swapab_rf" if rf == "1" else "swapab")
         assert not torch.isnan(out).any() and not torch.isnan(lse).any()
         outs.append((out.clone(), lse.clone()))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
@@ -635,24 +637,6 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     unit = 1e-6 if data == "small_q" else 1.0
     check((out.float() * unit).to(out.dtype), lse, ro * unit, rl)
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
-
-
-def test_fp8_swapab_rf_deterministic_and_poisoned_output_written(monkeypatch):
-    """Two calls give bit-identical results, and a NaN-poisoned output is fully overwritten."""
-    need_kernel()
-    rf_env(monkeypatch)
-    q, kc, bt, sl = make_inputs(12, [3000, 10, 0, 700, 64, 129] * 2, 16, 1, device=DEV, seed=4)
-    k8 = flashmla.quantize_kvcache(kc)
-    meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
-    outs = []
-    for _ in range(2):
-        junk = torch.full((1 << 22,), float("nan"), device=DEV)  # the output reuses this memory
-        del junk
-        out, lse = flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
-        assert flashmla.api._C.last_kernel() == "swapab_rf"
-        assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-        outs.append((out.clone(), lse.clone()))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 def test_fp8_swapab_rf_applies_only_to_fp8_up_to_16_rows(monkeypatch):
