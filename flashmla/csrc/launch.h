@@ -50,7 +50,7 @@ constexpr int kWgmmaWg1Cols = 128;
 // chunk ring keeps only 4 (16 rows) or 3 (32 rows) x 10.25 KiB of copies in flight per SM; H200 A/B,
 // sessions 12 and 15: 2 and 0 within 1-3 %, 4 slower by up to 8 %).
 constexpr int kSwapabL2Prefetch = 2;
-// Register-fed swap-AB kernel (FP8, 1..16 rows): its ring keeps 4 whole pages (164 KiB) in flight per SM, and
+// Register-fed swap-AB kernel (FP8, 1..32 rows): its ring keeps 4 whole pages (164 KiB) in flight per SM, and
 // prefetching ahead of them only crowds the L2 (H200, session 24: distance 0 1.00-1.06x distance 2, 4 0.87-0.92x).
 constexpr int kSwapabRfL2Prefetch = 0;
 // FLASHMLA_KERNEL unset or 'auto': the swap-AB kernel up to this many query rows, 1..16 rows in its
@@ -83,7 +83,7 @@ int launch_mla_decode_wgmma_fp8(const DecodeArgs& a, void* stream);
 // the pages are not back to back or the pointers are not 16-byte aligned.
 int launch_mla_decode_swapab(const DecodeArgs& a, void* stream, int max_rows);
 // Swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; where the swap-AB kernel runs, unless
-// FLASHMLA_SWAPAB_RF=0): -1 without launching unless the cache is FP8, s_q * h_q <= 16, the pages are back to back
+// FLASHMLA_SWAPAB_RF=0): -1 without launching unless the cache is FP8, s_q * h_q <= 32, the pages are back to back
 // and the pointers 16-byte aligned.
 int launch_mla_decode_swapab_rf(const DecodeArgs& a, void* stream);
 // get_mla_metadata's scheduler (ref.schedule_ref): every segment costs seg_ovh pages beside its

@@ -562,7 +562,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* fh = getenv("FLASHMLA_FP8_F16");
   a.fp8_f16 = fh && fh[0] ? atoi(fh) : 0;
   if (a.fp8_f16 != 0 && a.fp8_f16 != 1) return "FLASHMLA_FP8_F16 must be 0 or 1";
-  // FLASHMLA_SWAPAB_RF=0 (opt-out): the FP8 cache at 1..16 rows in the bf16-stage swap-AB kernel (below)
+  // FLASHMLA_SWAPAB_RF=0 (opt-out): the FP8 cache at 1..32 rows in the bf16-stage swap-AB kernel (below)
   const char* rf = getenv("FLASHMLA_SWAPAB_RF");
   if (rf && rf[0] && strcmp(rf, "0") != 0 && strcmp(rf, "1") != 0) return "FLASHMLA_SWAPAB_RF must be 0 or 1";
   const bool rf_off = rf && strcmp(rf, "0") == 0;
@@ -579,8 +579,8 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   if (want_wg) wg = a.is_fp8 ? launch_mla_decode_wgmma_fp8(a, stream) : launch_mla_decode_wgmma(a, stream);
   g_last_kernel = wg >= 0 ? "wgmma" : "default";
   if (want_sab) {  // -1: more than sab_rows rows, or tensors TMA cannot address
-    // FP8 cache, 1..16 rows: the register-fed kernel (mla_decode_swapab_rf.cu; H200, session 24: 1.09-1.23x the
-    // bf16-stage one), unless FLASHMLA_SWAPAB_RF=0
+    // FP8 cache, 1..32 rows: the register-fed kernel (mla_decode_swapab_rf.cu; faster than the bf16-stage one at
+    // both tile sizes: BENCHMARKS.md session 25), unless FLASHMLA_SWAPAB_RF=0
     const bool pf_set = pf && pf[0];
     if (a.is_fp8 && !pf_set) a.l2_prefetch_pages = kSwapabRfL2Prefetch;
     wg = rf_off ? -1 : launch_mla_decode_swapab_rf(a, stream);

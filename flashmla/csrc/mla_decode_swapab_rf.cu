@@ -1,5 +1,5 @@
-// MLA decode, sm_90a, FP8 cache, 1..16 query rows: the swap-AB kernel with register-fed consumers
-// (under auto or FLASHMLA_KERNEL=swapab; FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel instead).
+// MLA decode, sm_90a, FP8 cache, 1..32 query rows (tiles of NR = 16 or 32): the swap-AB kernel with register-fed
+// consumers (under auto or FLASHMLA_KERNEL=swapab; FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel instead).
 //
 // Why: the swap-AB FP8 kernel (mla_decode_swapab_fp8.cu) writes each page dequantised to bf16 in shared memory
 // and its wgmmas read it back: ~316 KiB of shared-memory traffic per 42 KiB page, which bounds it at 16 rows
@@ -9,28 +9,33 @@
 //
 // One CTA = one scheduler part, 384 threads, three warpgroups (setmaxnreg: 232 / 232 / 40):
 //   WG2 (thread 256): producer. Each page (41,984 contiguous bytes) by one cp.async.bulk into a ring of
-//     RF_SLOTS page slots (raw_full: expect_tx; raw_empty: 256 consumer arrivals); the request's 16 Q rows by
-//     TMA (bf16, 64 x 16 boxes, 128B swizzle) into a staging tile after its first page (q_full / q_empty);
-//     L2 prefetch a.l2_prefetch_pages ahead (kSwapabRfL2Prefetch = 0 unless FLASHMLA_L2_PREFETCH is set).
-//   WG0 ("S"): per request, Q's NoPE part to f16 scaled by 2^-E (max |Q| of the live rows in (2^14, 2^15]),
-//     its RoPE part kept bf16, each k-step's 16 columns permuted to the fragment order below. Per page:
-//     S^T[64 keys x 16 rows] from A = raw K in registers: e4m3 -> f16 is exact, so each 128-column scale tile t
-//     gets its own accumulator S_t (8 wgmma m64n16k16 f16), RoPE one more (4 bf16 wgmmas), and
-//     S = 2^E sum_t scale[key][t] S_t + S_rope in fp32. Softmax as the other swap-AB kernel; P^T in f16
-//     (hi, and lo = f16(p - hi) for requests shorter than a.p_bf16_min_keys) into plane (page & 1), the
-//     column rescale alpha beside it, then p_full. After a request's last page: lse, and 1/l for WG1.
-//   WG1 ("V"): O^T[512 x 16] += V^T P^T from A = raw V in registers: warp w's 128 value columns are scale
+//     4 page slots (raw_full: expect_tx; raw_empty: 256 consumer arrivals); the request's Q rows into L2 after
+//     its first page; L2 prefetch of pages a.l2_prefetch_pages ahead (kSwapabRfL2Prefetch = 0 unless
+//     FLASHMLA_L2_PREFETCH is set).
+//   WG0 ("S"): per request, Q's rows from global memory, the NoPE part to f16 scaled by 2^-E (max |Q| of the
+//     live rows in (2^14, 2^15]), the RoPE part kept bf16, each k-step's 16 columns permuted to the fragment order
+//     below. Per page: S^T[64 keys x NR rows] from A = raw K in registers: e4m3 -> f16 is exact, so each
+//     128-column scale tile t gets its own accumulator S_t (8 wgmma m64nNRk16 f16), RoPE one more (4 bf16
+//     wgmmas), and S = 2^E sum_t scale[key][t] S_t + S_rope in fp32 (NR = 16: every A fragment converted, then
+//     the 36 wgmmas; NR = 32: batches of 4 k-steps, two in flight). Softmax in the exp2 domain against a
+//     reference max per column that moves only when a page's max exceeds it by more than RF_MAX_SLACK (P <= 2^8,
+//     so O^T is rarely rescaled); P^T in f16 (hi, and lo = f16(p - hi) for requests shorter than
+//     a.p_bf16_min_keys) into plane (page & 1), the column rescale alpha beside it, then p_full. After a
+//     request's last page: lse, and 1/l for WG1.
+//   WG1 ("V"): O^T[512 x NR] += V^T P^T from A = raw V in registers: warp w's 128 value columns are scale
 //     tile w, lane (g, c) owns the 16 columns 128w + 16g.. of m-tile rows g and g + 8 (m-tile mt: columns
 //     2mt, 2mt + 1) and the keys 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-key k-step: PRMT pairs two keys' bytes,
 //     cvt gives f16x2, and HMUL2 applies scale[key][w] / sigma (sigma: the page's largest scale of the tile,
 //     rounded up to a power of two, so the f16 products stay within [0, 448]); O^T is rescaled by the ratio of
-//     sigmas between pages (exact) with alpha, and multiplied by sigma at the end.
+//     sigmas between pages (exact) with alpha, and multiplied by sigma at the end. NR = 16: the whole page
+//     converted (128 registers) and its slot released before P^T is waited; NR = 32 (O^T: 128 registers):
+//     batches of 4 m-tiles of one k-step, two converted before P^T is waited, the slot released after the last.
 // Layout of K's A fragment (S^T): warp w's keys 16w + g and 16w + g + 8; lane c reads bytes [32c, 32c + 32)
 // of each 128-column tile, word j of them (columns 32c + 4j ..+3) feeding k-step 8t + j: columns
 // 32c + 4j + {0, 1} are the fragment's k = 2c, 2c + 1 and + {2, 3} its k = 2c + 8, 2c + 9. The Q tile stores
 // each column at that k (rf_convert_q), so S is unchanged by the permutation. RoPE the same within 64 columns.
-// Shared memory: ring 4 x 41,984 | Q staging 18 KiB | Q f16/bf16 18 KiB | P^T planes 2 x (hi, lo) x 2 KiB |
-// mbarriers, sMax / sL [2][4][16], alpha / 1/l [2][16], Q max [4]: 215,552 bytes with the alignment slack.
+// Shared memory: ring 4 x 41,984 | Q f16/bf16 NR x 1,152 | P^T planes 2 x (hi, lo) x NR x 128 | mbarriers,
+// sMax / sL [2][4][NR], alpha / 1/l [2][NR], Q max [4]: 197,120 (NR = 16) / 225,280 (32) bytes with the slack.
 // CPU model of the maps and the barrier protocol: csrc/models/swapab_rf_model.py (update together).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -40,45 +45,63 @@
 namespace flashmla {
 namespace {
 
-constexpr int RF_TOKEN = 656, RF_PAGE = PAGE * RF_TOKEN, RF_SLOTS = 4, RF_QSLAB = 16 * 128;
-constexpr int RF_OFF_QS = RF_SLOTS * RF_PAGE, RF_OFF_QF = RF_OFF_QS + NSLAB * RF_QSLAB;
-constexpr int RF_OFF_P = RF_OFF_QF + NSLAB * RF_QSLAB, RF_OFF_MISC = RF_OFF_P + 4 * RF_QSLAB;
-constexpr int RF_MISC = 1536, RF_SMEM = RF_OFF_MISC + RF_MISC + 1024;
-static_assert(RF_OFF_QS % 1024 == 0 && RF_OFF_QF % 1024 == 0 && RF_OFF_P % 1024 == 0, "swizzled tiles: 1 KiB aligned");
-static_assert(RF_PAGE % 16 == 0 && RF_SMEM == 215552 && RF_SMEM <= 232448, "layout as documented");
+constexpr int RF_TOKEN = 656, RF_PAGE = PAGE * RF_TOKEN;
+// Shared memory of the NR-row instantiation (NR = 16 or 32 query rows): 4 page slots at 16 rows, 3 at 32 (its Q
+// tiles and P^T planes are twice as large)
+template <int NR>
+struct RfLayout {
+  static constexpr int SLOTS = 4, QSLAB = NR * 128, OFF_QF = SLOTS * RF_PAGE;
+  static constexpr int OFF_P = OFF_QF + NSLAB * QSLAB, OFF_MISC = OFF_P + 4 * QSLAB;
+  static constexpr int MISC = NR == 16 ? 1536 : 3072, SMEM = OFF_MISC + MISC + 1024;  // 128 B of mbarriers, 20 NR + 4 floats
+  static_assert(OFF_QF % 1024 == 0 && OFF_P % 1024 == 0, "swizzled tiles: 1 KiB aligned");
+  static_assert(SMEM <= 232448, "shared memory");
+};
+static_assert(RF_PAGE % 16 == 0 && RfLayout<16>::SMEM == 197120 && RfLayout<32>::SMEM == 225280, "as documented");
 constexpr int RF_THREADS = 384, RF_PRODUCER_REGS = 40, RF_CONSUMER_REGS = 232;
 static_assert((168 - RF_PRODUCER_REGS) >= 2 * (RF_CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
 constexpr int RF_BAR_SMAX = 1, RF_BAR_SL = 2, RF_BAR_Q = 3;  // named barriers of WG0
+// A column's reference max moves only when a page's max exceeds it by more than this (exp2 domain): P <= 2^8 in
+// f16, and O^T is rescaled on few pages
+constexpr float RF_MAX_SLACK = 8.f;
 
+template <int NR>
 struct RfCta : Part {
-  uint32_t uRaw, uQS, uQF, uP, uBar;
-  float *sMax, *sL, *sAlpha, *sInv, *sQred;
+  using L = RfLayout<NR>;
+  uint32_t uRaw, uQF, uP, uBar;
+  float *sMax, *sL, *sAlpha, *sInv, *sQred;  // [2][4][NR], [2][4][NR], [2][NR], [2][NR], [4]
   int m;
   __device__ uint32_t raw_full(int s) const { return uBar + 8 * s; }
   __device__ uint32_t raw_empty(int s) const { return uBar + 32 + 8 * s; }
   __device__ uint32_t p_full(int s) const { return uBar + 64 + 8 * s; }
   __device__ uint32_t p_empty(int s) const { return uBar + 80 + 8 * s; }
-  __device__ uint32_t q_full() const { return uBar + 96; }
-  __device__ uint32_t q_empty() const { return uBar + 104; }
-  __device__ uint32_t plane(int parity, int lo) const { return uP + (2 * parity + lo) * RF_QSLAB; }
+  __device__ uint32_t plane(int parity, int lo) const { return uP + (2 * parity + lo) * L::QSLAB; }
 };
 
-// D[64x16] += A[64x16] (registers: 4 x f16x2, or bf16x2 when !F16) B[16x16] (K-major descriptor)
-template <bool F16>
-__device__ __forceinline__ void wgmma_rs16(float (&d)[8], const uint32_t (&x)[4], uint64_t db) {
-  if constexpr (F16)
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db));
+// D[64xNR] += A[64x16] (registers: 4 x f16x2, or bf16x2 when !F16) B[16xNR] (K-major descriptor), NR = 16 or 32
+#define RF_ACC8 "{%0, %1, %2, %3, %4, %5, %6, %7"
+#define RF_ACC16 RF_ACC8 ", %8, %9, %10, %11, %12, %13, %14, %15}"
+#define RF_OUT8(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+// (scale-d: the immediate ACCUMULATE, operand SD)
+#define RF_WGMMA_RS(SHAPE, AB, ACC, AREG, SD, ...) \
+  asm volatile("wgmma.mma_async.sync.aligned." SHAPE ".f32." AB "." AB " " ACC ", " AREG ", " SD ", 1, 1, 0;\n" \
+               : __VA_ARGS__ : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db), "n"(ACCUMULATE))
+// ACCUMULATE = 0: D = A B (the old D ignored: no zeroing of the accumulators before a page's first k-step)
+template <int NR, bool F16, int ACCUMULATE = 1>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&x)[4], uint64_t db) {
+  if constexpr (NR == 16 && F16)
+    RF_WGMMA_RS("m64n16k16", "f16", RF_ACC8 "}", "{%8, %9, %10, %11}, %12", "%13", RF_OUT8(d));
+  else if constexpr (NR == 16)
+    RF_WGMMA_RS("m64n16k16", "bf16", RF_ACC8 "}", "{%8, %9, %10, %11}, %12", "%13", RF_OUT8(d));
+  else if constexpr (F16)
+    RF_WGMMA_RS("m64n32k16", "f16", RF_ACC16, "{%16, %17, %18, %19}, %20", "%21", RF_OUT8(d), RF_OUT8((d + 8)));
   else
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db));
+    RF_WGMMA_RS("m64n32k16", "bf16", RF_ACC16, "{%16, %17, %18, %19}, %20", "%21", RF_OUT8(d), RF_OUT8((d + 8)));
 }
+#undef RF_WGMMA_RS
+#undef RF_ACC8
+#undef RF_ACC16
+#undef RF_OUT8
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void fence_u32(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -86,9 +109,16 @@ __device__ __forceinline__ void fence_u32(uint32_t (&r)[N][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
-__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t two) {  // exact; low byte -> low half
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&h);
+// e4m3 pair -> f16x2, exact (low byte -> low half): of the word's low (H = 0) or high (H = 1) 16 bits, which the
+// conversion selects itself (F2FP ... R.H1: no shift)
+template <int H>
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t word) {
+  uint32_t r;
+  if constexpr (H == 0)
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\ncvt.rn.f16x2.e4m3x2 %0, l;\n}\n" : "=r"(r) : "r"(word));
+  else
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\ncvt.rn.f16x2.e4m3x2 %0, h;\n}\n" : "=r"(r) : "r"(word));
+  return r;
 }
 __device__ __forceinline__ uint32_t f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -109,6 +139,11 @@ __device__ __forceinline__ float lds32f(uint32_t addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
@@ -124,10 +159,12 @@ __device__ __forceinline__ uint32_t pow2_field_ceil(float x) {  // the least 2^k
 __device__ __forceinline__ int rf_col(int k, int cq) { return 8 * (k >> 1) + 2 * cq + (k & 1); }
 
 // ---------------------------------------------------------------- producer (one thread)
-__device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta& c, const CUtensorMap* tmQ) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmQ)) : "memory");
+template <int NR>
+__device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta<NR>& c) {
+  using L = RfLayout<NR>;
   const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
-  int it = 0, qn = 0;
+  const uint8_t* q8 = static_cast<const uint8_t*>(a.q);
+  int it = 0;
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
@@ -137,39 +174,41 @@ __device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta& c,
     for (int p = w.kbeg + 1; p < min(w.kbeg + pf, w.kend); ++p) prefetch_l2_bulk(kc8 + (int64_t)bt[p] * RF_PAGE, RF_PAGE);
     for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
       if (pf > 0 && blk + pf < w.kend) prefetch_l2_bulk(kc8 + (int64_t)bt[blk + pf] * RF_PAGE, RF_PAGE);
-      const int s = it % RF_SLOTS;
-      mbar_wait(c.raw_empty(s), ((it / RF_SLOTS) & 1) ^ 1);
+      const int s = it % L::SLOTS;
+      mbar_wait(c.raw_empty(s), ((it / L::SLOTS) & 1) ^ 1);
       mbar_expect_tx(c.raw_full(s), RF_PAGE);
       bulk_copy(c.uRaw + s * RF_PAGE, kc8 + (int64_t)bt[blk] * RF_PAGE, RF_PAGE, c.raw_full(s));
-      if (blk == w.kbeg) {  // Q after the first page, whose copy is then already in flight
-        mbar_wait(c.q_empty(), (qn & 1) ^ 1);
-        mbar_expect_tx(c.q_full(), NSLAB * RF_QSLAB);
-        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uQS + j * RF_QSLAB, tmQ, j * 64, b * c.m, c.q_full());
-        ++qn;
-      }
+      // the request's Q rows into L2 after its first page (WG0 reads them from global memory)
+      if (blk == w.kbeg) prefetch_l2_bulk(q8 + (int64_t)b * c.m * (D_QK * 2), c.m * (D_QK * 2));
     }
   }
 }
 
 // ---------------------------------------------------------------- WG0: Q, S, softmax, P^T (t = 0..127)
-// Q staging (bf16, swizzled 16-row slabs) -> the f16 / bf16 B operand of S (see the header); returns 2^E.
-// Thread t converts columns 8(t & 7).. of each slab's row t >> 3.
-__device__ __forceinline__ float rf_convert_q(const RfCta& c, int t, int qn) {
-  mbar_wait(c.q_full(), qn & 1);
-  const int n = t >> 3, ch = t & 7;
-  const uint32_t src = c.uQS + n * 128 + ((ch ^ (n & 7)) << 4);
+// The request's Q rows (bf16, global memory) -> the f16 / bf16 B operand of S (see the header); returns 2^E.
+// Thread t converts columns 8(t & 7) + 64 sl.. of rows (t >> 3) + 16 hh (zeros for rows past the request's m).
+template <int NR>
+__device__ __forceinline__ float rf_convert_q(const DecodeArgs& a, const RfCta<NR>& c, int b, int t) {
+  constexpr int QSLAB = RfLayout<NR>::QSLAB;
+  const int ch = t & 7;
+  uint4 v[NR / 16][NSLAB];
   float mx = 0.f;
 #pragma unroll
-  for (int sl = 0; sl < 8; ++sl) {
-    const uint4 v = lds128(src + sl * RF_QSLAB);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int hh = 0; hh < NR / 16; ++hh) {
+    const int n = (t >> 3) + 16 * hh;
+    const uint4* src = static_cast<const uint4*>(a.q) + ((int64_t)b * c.m + n) * (D_QK / 8) + ch;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-      mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+    for (int sl = 0; sl < NSLAB; ++sl) v[hh][sl] = n < c.m ? __ldg(src + 8 * sl) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int sl = 0; sl < 8; ++sl) {
+      const uint32_t w[4] = {v[hh][sl].x, v[hh][sl].y, v[hh][sl].z, v[hh][sl].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
     }
   }
-  if (n >= c.m) mx = 0.f;  // rows of the next request (or TMA zeros) do not set E
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if ((t & 31) == 0) c.sQred[t >> 5] = mx;
@@ -182,122 +221,155 @@ __device__ __forceinline__ float rf_convert_q(const RfCta& c, int t, int qn) {
   }
   const float down = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
 #pragma unroll
-  for (int sl = 0; sl < NSLAB; ++sl) {
-    const uint4 v = lds128(src + sl * RF_QSLAB);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int hh = 0; hh < NR / 16; ++hh) {
+    const int n = (t >> 3) + 16 * hh;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // 4 columns: d0 = 8ch + 4h of the slab
-      const int d0 = 8 * ch + 4 * h;
-      int kk, cc;
-      uint32_t lo = w[2 * h], hi = w[2 * h + 1];
-      if (sl < 8) {
-        const int d = 64 * sl + d0, r = d & 127;
-        kk = 8 * (d >> 7) + ((r >> 2) & 7), cc = r >> 5;
-        const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo));
-        const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
-        lo = f16x2(f0.x * down, f0.y * down), hi = f16x2(f1.x * down, f1.y * down);
-      } else {
-        kk = 32 + ((d0 >> 2) & 3), cc = d0 >> 4;
+    for (int sl = 0; sl < NSLAB; ++sl) {
+      const uint32_t w[4] = {v[hh][sl].x, v[hh][sl].y, v[hh][sl].z, v[hh][sl].w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // 4 columns: d0 = 8ch + 4h of the slab
+        const int d0 = 8 * ch + 4 * h;
+        int kk, cc;
+        uint32_t lo = w[2 * h], hi = w[2 * h + 1];
+        if (sl < 8) {
+          const int d = 64 * sl + d0, r = d & 127;
+          kk = 8 * (d >> 7) + ((r >> 2) & 7), cc = r >> 5;
+          const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo));
+          const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+          lo = f16x2(f0.x * down, f0.y * down), hi = f16x2(f1.x * down, f1.y * down);
+        } else {
+          kk = 32 + ((d0 >> 2) & 3), cc = d0 >> 4;
+        }
+        const uint32_t dst = c.uQF + (kk >> 2) * QSLAB, col = (kk & 3) * 16 + 2 * cc;
+        st_shared_u32(dst + swz128(n, col), lo);
+        st_shared_u32(dst + swz128(n, col + 8), hi);
       }
-      if (n >= c.m) lo = hi = 0u;
-      const uint32_t dst = c.uQF + (kk >> 2) * RF_QSLAB, col = (kk & 3) * 16 + 2 * cc;
-      st_shared_u32(dst + swz128(n, col), lo);
-      st_shared_u32(dst + swz128(n, col + 8), hi);
     }
   }
-  mbar_arrive(c.q_empty());  // the staging tile's values are stored: the producer may load the next Q
   fence_async_smem();
   bar_sync(RF_BAR_Q, 128);
   return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
 }
 
 // lse of the request's query columns of this thread (l: their row sums; WG0 lanes with gq == 0 of warp 0)
-__device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta& c, const Work& w, int b, int cq,
-                                             const float (&mrow)[4], const float (&l)[4]) {
+template <int NR>
+__device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int cq,
+                                             const float (&mrow)[NR / 4], const float (&l)[NR / 4]) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < NR / 4; ++k) {
     const int n = rf_col(k, cq);
     if (n < c.m) store_lse(a, w, b, c.m, n, mrow[k], l[k]);
   }
 }
 
-
-template <bool LO>
-__device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta& c, const Work& w, int b, int t, int& it,
-                                             int rq, float qmul) {
-  const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
-  const float scale_log2 = a.softmax_scale * LOG2E, qs_log2 = qmul * scale_log2;
-  float mrow[4], lrow[4];
-  int lim[4];
+// S^T of one page into st (per scale tile) and sr (RoPE) from this thread's raw keys tok0 / tok1 (committed and
+// waited), and the keys' tile scales into r. 16 rows: every A fragment converted first (144 registers); 32 rows:
+// batches of 4 k-steps, two in flight.
+template <int NR>
+__device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq, uint64_t dq, float (&st)[4][NR / 2],
+                                           float (&sr)[NR / 2], uint4 (&r)[2]) {
+  constexpr int QSLAB = RfLayout<NR>::QSLAB;
+  auto db_of = [&](int kk) { return dq + (((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4); };
+  // k-steps 8tl + 4hf + q (q = 0..3) of tile tl: bytes [32cq + 16hf, +16) of both keys' 128-byte tile
+  auto nope = [&](int tl, int hf, uint32_t(&f)[4][4]) {
+    const uint32_t off = 128 * tl + 32 * cq + 16 * hf;
+    const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
+    const uint32_t u0[4] = {x0.x, x0.y, x0.z, x0.w}, u1[4] = {x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int n = rf_col(k, cq);
-    mrow[k] = NEG_INF, lrow[k] = 0.f;
-    lim[k] = (a.causal && n < c.m) ? min(w.L, w.L - a.s_q + 1 + n / a.h_q) : w.L;
-  }
-  const uint64_t dq = desc_kmajor(c.uQF);
-  for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
-    const int s = it % RF_SLOTS, par = it & 1;
-    mbar_wait(c.raw_full(s), (it / RF_SLOTS) & 1);
-    const uint32_t tok0 = c.uRaw + s * RF_PAGE + (16 * w4 + gq) * RF_TOKEN, tok1 = tok0 + 8 * RF_TOKEN;
-    // ---- A fragments of K (f16, exact) and of its RoPE part (bf16, as stored); the keys' tile scales
-    uint32_t ak[32][4], ar[4][4];
-#pragma unroll
-    for (int tl = 0; tl < 4; ++tl)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const uint32_t off = 128 * tl + 32 * cq + 16 * hf;
-        const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
-        const uint32_t u0[4] = {x0.x, x0.y, x0.z, x0.w}, u1[4] = {x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t(&f)[4] = ak[8 * tl + 4 * hf + q];
-          f[0] = f16x2_of_e4m3x2(u0[q] & 0xffffu), f[1] = f16x2_of_e4m3x2(u1[q] & 0xffffu);
-          f[2] = f16x2_of_e4m3x2(u0[q] >> 16), f[3] = f16x2_of_e4m3x2(u1[q] >> 16);
-        }
-      }
+    for (int q = 0; q < 4; ++q) {
+      f[q][0] = f16x2_of_e4m3x2<0>(u0[q]), f[q][1] = f16x2_of_e4m3x2<0>(u1[q]);
+      f[q][2] = f16x2_of_e4m3x2<1>(u0[q]), f[q][3] = f16x2_of_e4m3x2<1>(u1[q]);
+    }
+  };
+  auto rope = [&](uint32_t(&f)[4][4]) {  // k-steps 32..35, bf16 as stored
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const uint32_t off = D_V + 16 + 32 * cq + 16 * hf;
       const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
-      ar[2 * hf][0] = x0.x, ar[2 * hf][1] = x1.x, ar[2 * hf][2] = x0.y, ar[2 * hf][3] = x1.y;
-      ar[2 * hf + 1][0] = x0.z, ar[2 * hf + 1][1] = x1.z, ar[2 * hf + 1][2] = x0.w, ar[2 * hf + 1][3] = x1.w;
+      f[2 * hf][0] = x0.x, f[2 * hf][1] = x1.x, f[2 * hf][2] = x0.y, f[2 * hf][3] = x1.y;
+      f[2 * hf + 1][0] = x0.z, f[2 * hf + 1][1] = x1.z, f[2 * hf + 1][2] = x0.w, f[2 * hf + 1][3] = x1.w;
     }
-    const uint4 r0 = lds128(tok0 + D_V), r1 = lds128(tok1 + D_V);
-    const float sc[2][4] = {{__uint_as_float(r0.x), __uint_as_float(r0.y), __uint_as_float(r0.z), __uint_as_float(r0.w)},
-                            {__uint_as_float(r1.x), __uint_as_float(r1.y), __uint_as_float(r1.z), __uint_as_float(r1.w)}};
-    // ---- S^T per scale tile, and of RoPE
-    float st[4][8], sr[8];
+  };
+  // k-step kk (0..35) into its accumulator; the first of each one overwrites it
+  auto mma = [&](int kk, const uint32_t(&x)[4]) {
+    if (kk == 32) wgmma_rs<NR, false, 0>(sr, x, db_of(kk));
+    else if (kk > 32) wgmma_rs<NR, false>(sr, x, db_of(kk));
+    else if ((kk & 7) == 0) wgmma_rs<NR, true, 0>(st[kk >> 3], x, db_of(kk));
+    else wgmma_rs<NR, true>(st[kk >> 3], x, db_of(kk));
+  };
+  if constexpr (NR == 16) {
+    uint32_t ak[8][4][4], ar[4][4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      sr[i] = 0.f;
+    for (int bt = 0; bt < 8; ++bt) nope(bt >> 1, bt & 1, ak[bt]);
+    rope(ar);
+    r[0] = lds128(tok0 + D_V), r[1] = lds128(tok1 + D_V);
 #pragma unroll
-      for (int tl = 0; tl < 4; ++tl) st[tl][i] = 0.f;
-    }
-    fence_u32(ak);
+    for (int bt = 0; bt < 8; ++bt) fence_u32(ak[bt]);
     fence_u32(ar);
 #pragma unroll
     for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
     fence_regs(sr);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D_QK / 16; ++kk) {
-      const uint64_t db = dq + (((kk >> 2) * RF_QSLAB + (kk & 3) * 32) >> 4);
-      if (kk < 32) wgmma_rs16<true>(st[kk >> 3], ak[kk], db);
-      else wgmma_rs16<false>(sr, ar[kk - 32], db);
-    }
+    for (int kk = 0; kk < D_QK / 16; ++kk) mma(kk, kk < 32 ? ak[kk >> 2][kk & 3] : ar[kk - 32]);
     wgmma_commit();
-    wgmma_wait0();
+  } else {
+    r[0] = lds128(tok0 + D_V), r[1] = lds128(tok1 + D_V);
+    uint32_t f[2][4][4];
 #pragma unroll
-    for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
-    fence_regs(sr);
+    for (int bt = 0; bt < 9; ++bt) {
+      uint32_t(&fb)[4][4] = f[bt & 1];
+      if (bt >= 2) wgmma_wait1();  // batch bt - 2 has read this buffer
+      if (bt < 8) nope(bt >> 1, bt & 1, fb);
+      else rope(fb);
+      fence_u32(fb);
+#pragma unroll
+      for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+      fence_regs(sr);
+      wgmma_fence();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mma(4 * bt + q, fb[q]);
+      wgmma_commit();
+    }
+  }
+  wgmma_wait0();
+#pragma unroll
+  for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+  fence_regs(sr);
+}
+
+template <int NR, bool LO>
+__device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int t,
+                                             int& it, int rq, float qmul) {
+  constexpr int NQ = NR / 4, SLOTS = RfLayout<NR>::SLOTS;  // query columns per thread
+  const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const float scale_log2 = a.softmax_scale * LOG2E, qs_log2 = qmul * scale_log2;
+  float mrow[NQ], lrow[NQ];
+  int lim[NQ];
+#pragma unroll
+  for (int k = 0; k < NQ; ++k) {
+    const int n = rf_col(k, cq);
+    mrow[k] = NEG_INF, lrow[k] = 0.f;
+    lim[k] = (a.causal && n < c.m) ? min(w.L, w.L - a.s_q + 1 + n / a.h_q) : w.L;
+  }
+  const uint64_t dq = desc_kmajor(c.uQF);
+  for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+    const int s = it % SLOTS, par = it & 1;
+    mbar_wait(c.raw_full(s), (it / SLOTS) & 1);
+    const uint32_t tok0 = c.uRaw + s * RF_PAGE + (16 * w4 + gq) * RF_TOKEN, tok1 = tok0 + 8 * RF_TOKEN;
+    // ---- S^T per scale tile and of RoPE; the keys' tile scales
+    float st[4][NR / 2], sr[NR / 2];
+    uint4 r[2];
+    rf_issue_s<NR>(tok0, tok1, cq, dq, st, sr, r);
+    const float sc[2][4] = {{__uint_as_float(r[0].x), __uint_as_float(r[0].y), __uint_as_float(r[0].z), __uint_as_float(r[0].w)},
+                            {__uint_as_float(r[1].x), __uint_as_float(r[1].y), __uint_as_float(r[1].z), __uint_as_float(r[1].w)}};
     // ---- S in the exp2 domain, keys past a column's limit masked, column max over the 64 keys
-    float sacc[8], mx[4];
+    float sacc[NR / 2], mx[NQ];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) mx[k] = NEG_INF;
+    for (int k = 0; k < NQ; ++k) mx[k] = NEG_INF;
     const int key0 = blk * PAGE + w4 * 16 + gq;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < NR / 2; ++i) {
       const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
       const float v = (st[0][i] * sc[h][0] + st[1][i] * sc[h][1] + st[2][i] * sc[h][2] + st[3][i] * sc[h][3]) * qs_log2 +
                       sr[i] * scale_log2;
@@ -305,25 +377,25 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta& c
       mx[k] = fmaxf(mx[k], sacc[i]);
     }
     mbar_arrive(c.raw_empty(s));  // K, RoPE and the scales of this page are used
-    float* smx = c.sMax + par * 64;
+    float* smx = c.sMax + par * 4 * NR;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NQ; ++k) {
       mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
       mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
       mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
     }
     if (gq == 0) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-        *reinterpret_cast<float2*>(smx + w4 * 16 + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
+      for (int j = 0; j < NQ / 2; ++j)
+        *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
     }
     bar_sync(RF_BAR_SMAX, 128);
-    float al[4], muse[4];
+    float al[NQ], muse[NQ];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < NQ; ++k) {
       const int n = rf_col(k, cq);
-      const float m4 = fmaxf(fmaxf(smx[n], smx[16 + n]), fmaxf(smx[32 + n], smx[48 + n]));
-      const float mn = fmaxf(mrow[k], m4);
+      const float m4 = fmaxf(fmaxf(smx[n], smx[NR + n]), fmaxf(smx[2 * NR + n], smx[3 * NR + n]));
+      const float mn = m4 > mrow[k] + RF_MAX_SLACK ? m4 : mrow[k];  // (-inf + slack = -inf)
       muse[k] = mn == NEG_INF ? 0.f : mn;
       al[k] = exp2_ftz(mrow[k] - muse[k]);
       mrow[k] = mn;
@@ -333,7 +405,7 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta& c
     mbar_wait(c.p_empty(par), ((it >> 1) & 1) ^ 1);
     const uint32_t ph = c.plane(par, 0), pl = c.plane(par, 1);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < NR / 2; ++i) {
       const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
       const float p = exp2_ftz(sacc[i] - muse[k]);
       lrow[k] += p;
@@ -344,27 +416,27 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta& c
     }
     if (w4 == 0 && gq == 0) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) c.sAlpha[par * 16 + rf_col(k, cq)] = al[k];
+      for (int k = 0; k < NQ; ++k) c.sAlpha[par * NR + rf_col(k, cq)] = al[k];
     }
     if (blk == w.kend - 1) {  // the request's row sums: lse here, 1/l for WG1's epilogue
-      float* sl = c.sL + (rq & 1) * 64;
+      float* sl = c.sL + (rq & 1) * 4 * NR;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < NQ; ++k) {
         lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 4);
         lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 8);
         lrow[k] += __shfl_xor_sync(0xffffffffu, lrow[k], 16);
-        if (gq == 0) sl[w4 * 16 + rf_col(k, cq)] = lrow[k];
+        if (gq == 0) sl[w4 * NR + rf_col(k, cq)] = lrow[k];
       }
       bar_sync(RF_BAR_SL, 128);
       if (w4 == 0 && gq == 0) {
-        float l[4];
+        float l[NQ];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < NQ; ++k) {
           const int n = rf_col(k, cq);
-          l[k] = sl[n] + sl[16 + n] + sl[32 + n] + sl[48 + n];
-          c.sInv[(rq & 1) * 16 + n] = l[k] > 0.f ? 1.f / l[k] : 0.f;
+          l[k] = sl[n] + sl[NR + n] + sl[2 * NR + n] + sl[3 * NR + n];
+          c.sInv[(rq & 1) * NR + n] = l[k] > 0.f ? 1.f / l[k] : 0.f;
         }
-        rf_write_lse(a, c, w, b, cq, mrow, l);
+        rf_write_lse<NR>(a, c, w, b, cq, mrow, l);
       }
     }
     fence_async_smem();  // P^T -> the async proxy (WG1's wgmma)
@@ -373,20 +445,39 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta& c
 }
 
 // ---------------------------------------------------------------- WG1: V^T P^T (t = 0..127)
-template <bool LO>
-__device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta& c, const Work& w, int b, int t, int& it,
-                                             int rq) {
+// V^T's A fragments of k-step ks for the m-tiles 2q, 2q + 1 of words q of x (columns d0 + 4q.. of the keys
+// 16ks + 2cq + {0, 1, 8, 9}), times the keys' scale / sigma (fac: keys 0-1, then 8-9)
+template <int NW>
+__device__ __forceinline__ void rf_convert_v(const uint32_t (&x)[4][NW], const uint32_t (&fac)[2], uint32_t (&f)[2 * NW][4]) {
+#pragma unroll
+  for (int p2 = 0; p2 < 2; ++p2)
+#pragma unroll
+    for (int q = 0; q < NW; ++q) {
+      const uint32_t lo = prmt(x[2 * p2][q], x[2 * p2 + 1][q], 0x5140), hi = prmt(x[2 * p2][q], x[2 * p2 + 1][q], 0x7362);
+      f[2 * q][2 * p2] = hmul2(f16x2_of_e4m3x2<0>(lo), fac[p2]);
+      f[2 * q][2 * p2 + 1] = hmul2(f16x2_of_e4m3x2<1>(lo), fac[p2]);
+      f[2 * q + 1][2 * p2] = hmul2(f16x2_of_e4m3x2<0>(hi), fac[p2]);
+      f[2 * q + 1][2 * p2 + 1] = hmul2(f16x2_of_e4m3x2<1>(hi), fac[p2]);
+    }
+}
+
+template <int NR, bool LO>
+__device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int t,
+                                             int& it, int rq) {
+  constexpr int NQ = NR / 4, SLOTS = RfLayout<NR>::SLOTS;
   const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
   const int d0 = 128 * w4 + 16 * gq;  // m-tile mt rows gq / gq + 8 = value columns d0 + 2mt / d0 + 2mt + 1
-  float o[8][8];
+  float o[8][NR / 2];
 #pragma unroll
   for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[mt][i] = 0.f;
-  float sig = 0.f, inv[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int i = 0; i < NR / 2; ++i) o[mt][i] = 0.f;
+  float sig = 0.f, inv[NQ];
+#pragma unroll
+  for (int k = 0; k < NQ; ++k) inv[k] = 0.f;
   for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
-    const int s = it % RF_SLOTS, par = it & 1, valid = w.L - blk * PAGE;
-    mbar_wait(c.raw_full(s), (it / RF_SLOTS) & 1);
+    const int s = it % SLOTS, par = it & 1, valid = w.L - blk * PAGE;
+    mbar_wait(c.raw_full(s), (it / SLOTS) & 1);
     const uint32_t pg = c.uRaw + s * RF_PAGE;
     // keys of k-step ks and fragment pair u: 16ks + 2cq + (u & 1) + 8(u >> 1); their scales of tile w4 (0 past
     // the length, as their bytes: NaN x 0 would stay NaN)
@@ -404,62 +495,107 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta& c
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const uint32_t sfield = pow2_field_ceil(mx);  // sigma of this page and tile
     const float inv_sig = __uint_as_float((254u << 23) - sfield);
-    uint32_t av[4][8][4];  // [k-step][m-tile][fragment register]
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      uint4 x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int key = 16 * ks + 2 * cq + (u & 1) + 8 * (u >> 1);
-        x[u] = key < valid ? lds128(pg + key * RF_TOKEN + d0) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int p2 = 0; p2 < 2; ++p2) {  // keys 2c, 2c + 1 (fragment registers 0, 1), then 2c + 8, 2c + 9 (2, 3)
-        const uint32_t fac = f16x2(sc[ks][2 * p2] * inv_sig, sc[ks][2 * p2 + 1] * inv_sig);
-        const uint4 xa = x[2 * p2], xb = x[2 * p2 + 1];
-        const uint32_t wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {  // columns d0 + 4q .. + 3: m-tiles 2q (rows gq, gq + 8) and 2q + 1
-          const uint32_t lo = prmt(wa[q], wb[q], 0x5140), hi = prmt(wa[q], wb[q], 0x7362);
-          av[ks][2 * q][2 * p2] = hmul2(f16x2_of_e4m3x2(lo & 0xffffu), fac);
-          av[ks][2 * q][2 * p2 + 1] = hmul2(f16x2_of_e4m3x2(lo >> 16), fac);
-          av[ks][2 * q + 1][2 * p2] = hmul2(f16x2_of_e4m3x2(hi & 0xffffu), fac);
-          av[ks][2 * q + 1][2 * p2 + 1] = hmul2(f16x2_of_e4m3x2(hi >> 16), fac);
-        }
-      }
-    }
-    mbar_arrive(c.raw_empty(s));  // this page's V bytes and scales are used
-    mbar_wait(c.p_full(par), (it >> 1) & 1);
-    float al[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) al[k] = c.sAlpha[par * 16 + rf_col(k, cq)];
-    const float rho = sig > 0.f ? sig * inv_sig : 1.f;  // O^T was in units of the previous page's sigma
-    sig = __uint_as_float(sfield);
-    if (blk == w.kend - 1) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) inv[k] = c.sInv[(rq & 1) * 16 + rf_col(k, cq)];
-    }
-    const bool rescale = rho != 1.f || al[0] != 1.f || al[1] != 1.f || al[2] != 1.f || al[3] != 1.f;
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)] * rho;
-    }
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) fence_u32(av[ks]);
-    wgmma_fence();
-    const uint64_t dp = desc_kmajor(c.plane(par, 0)), dl = desc_kmajor(c.plane(par, 1));
+    uint32_t fac[4][2];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) {
-        wgmma_rs16<true>(o[mt], av[ks][mt], dp + ks * 2);
-        if (LO) wgmma_rs16<true>(o[mt], av[ks][mt], dl + ks * 2);
+      for (int p2 = 0; p2 < 2; ++p2) fac[ks][p2] = f16x2(sc[ks][2 * p2] * inv_sig, sc[ks][2 * p2 + 1] * inv_sig);
+    // the 4 keys' words [wq, wq + NW) of k-step ks (zeros past the length)
+    auto load = [&](int ks, int wq, auto& x) {
+      constexpr int NW = sizeof(x[0]) / 4;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int key = 16 * ks + 2 * cq + (u & 1) + 8 * (u >> 1);
+        if constexpr (NW == 4) {
+          const uint4 v = key < valid ? lds128(pg + key * RF_TOKEN + d0) : make_uint4(0, 0, 0, 0);
+          x[u][0] = v.x, x[u][1] = v.y, x[u][2] = v.z, x[u][3] = v.w;
+        } else {
+          const uint2 v = key < valid ? lds64(pg + key * RF_TOKEN + d0 + 4 * wq) : make_uint2(0, 0);
+          x[u][0] = v.x, x[u][1] = v.y;
+        }
       }
-    wgmma_commit();
+    };
+    // O^T's rescale for this page (alpha of the rows, the ratio of sigmas), once P^T is there
+    auto wait_p = [&]() {
+      mbar_wait(c.p_full(par), (it >> 1) & 1);
+      float al[NQ];
+#pragma unroll
+      for (int k = 0; k < NQ; ++k) al[k] = c.sAlpha[par * NR + rf_col(k, cq)];
+      const float rho = sig > 0.f ? sig * inv_sig : 1.f;  // O^T was in units of the previous page's sigma
+      sig = __uint_as_float(sfield);
+      if (blk == w.kend - 1) {
+#pragma unroll
+        for (int k = 0; k < NQ; ++k) inv[k] = c.sInv[(rq & 1) * NR + rf_col(k, cq)];
+      }
+      bool rescale = rho != 1.f;
+#pragma unroll
+      for (int k = 0; k < NQ; ++k) rescale |= al[k] != 1.f;
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+          for (int i = 0; i < NR / 2; ++i) o[mt][i] *= al[((i >> 2) << 1) | (i & 1)] * rho;
+      }
+    };
+    const uint64_t dp = desc_kmajor(c.plane(par, 0)), dl = desc_kmajor(c.plane(par, 1));
+    if constexpr (NR == 16) {  // the whole page converted (128 registers), the slot released before P^T is waited
+      uint32_t av[4][8][4];  // [k-step][m-tile][fragment register]
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t x[4][4];
+        load(ks, 0, x);
+        rf_convert_v<4>(x, fac[ks], av[ks]);
+      }
+      mbar_arrive(c.raw_empty(s));  // this page's V bytes and scales are used
+      wait_p();
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) fence_u32(av[ks]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+          wgmma_rs<NR, true>(o[mt], av[ks][mt], dp + ks * 2);
+          if (LO) wgmma_rs<NR, true>(o[mt], av[ks][mt], dl + ks * 2);
+        }
+      wgmma_commit();
+    } else {  // batches of half a k-step (4 m-tiles, 16 registers), two in flight; the slot released after the last
+      uint32_t av[2][4][4];
+      auto convert = [&](int bt) {
+        uint32_t x[4][2];
+        load(bt >> 1, 2 * (bt & 1), x);
+        rf_convert_v<2>(x, fac[bt >> 1], av[bt & 1]);
+      };
+      auto issue = [&](int bt) {
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          wgmma_rs<NR, true>(o[4 * (bt & 1) + mt], av[bt & 1][mt], dp + (bt >> 1) * 2);
+          if (LO) wgmma_rs<NR, true>(o[4 * (bt & 1) + mt], av[bt & 1][mt], dl + (bt >> 1) * 2);
+        }
+        wgmma_commit();
+      };
+      convert(0);
+      convert(1);
+      wait_p();
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
+      fence_u32(av[0]);
+      fence_u32(av[1]);
+      wgmma_fence();
+      issue(0);
+      issue(1);
+#pragma unroll
+      for (int bt = 2; bt < 8; ++bt) {
+        wgmma_wait1();  // batch bt - 2 has read this buffer
+        convert(bt);
+        if (bt == 7) mbar_arrive(c.raw_empty(s));  // this page's V bytes are used
+        fence_u32(av[bt & 1]);
+        wgmma_fence();
+        issue(bt);
+      }
+    }
     wgmma_wait0();
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) fence_regs(o[mt]);
@@ -467,7 +603,7 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta& c
   }
   // ---- out (bf16) or the split partial (fp32): 16 contiguous columns per query row
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < NQ; ++k) {
     const int n = rf_col(k, cq);
     if (n >= c.m) continue;
     const float f = sig * inv[k];
@@ -488,21 +624,22 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta& c
   }
 }
 
+template <int NR>
 __global__ void __launch_bounds__(RF_THREADS, 1)
-    mla_decode_swapab_rf_kernel(const __grid_constant__ DecodeArgs a, const __grid_constant__ CUtensorMap tmQ) {
+    mla_decode_swapab_rf_kernel(const __grid_constant__ DecodeArgs a) {
+  using L = RfLayout<NR>;
+  constexpr int NQ = NR / 4;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u;
-  RfCta c;
-  c.uRaw = base, c.uQS = base + RF_OFF_QS, c.uQF = base + RF_OFF_QF, c.uP = base + RF_OFF_P, c.uBar = base + RF_OFF_MISC;
-  c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + RF_OFF_MISC + 128);  // [2][4][16]
-  c.sL = c.sMax + 128, c.sAlpha = c.sL + 128, c.sInv = c.sAlpha + 32, c.sQred = c.sInv + 32;
+  RfCta<NR> c;
+  c.uRaw = base, c.uQF = base + L::OFF_QF, c.uP = base + L::OFF_P, c.uBar = base + L::OFF_MISC;
+  c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + L::OFF_MISC + 128);
+  c.sL = c.sMax + 8 * NR, c.sAlpha = c.sL + 8 * NR, c.sInv = c.sAlpha + 2 * NR, c.sQred = c.sInv + 2 * NR;
   c.m = a.s_q * a.h_q;
   if (!load_part(a.meta, a.batch, c)) return;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < RF_SLOTS; ++s) mbar_init(c.raw_full(s), 1), mbar_init(c.raw_empty(s), 256);
+    for (int s = 0; s < L::SLOTS; ++s) mbar_init(c.raw_full(s), 1), mbar_init(c.raw_empty(s), 256);
     for (int s = 0; s < 2; ++s) mbar_init(c.p_full(s), 128), mbar_init(c.p_empty(s), 128);
-    mbar_init(c.q_full(), 1);
-    mbar_init(c.q_empty(), 128);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_async_smem();
   }
@@ -510,48 +647,52 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
   if (wg == 2) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RF_PRODUCER_REGS) : "memory");
-    if (t == 0) rf_producer(a, c, &tmQ);
+    if (t == 0) rf_producer<NR>(a, c);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RF_CONSUMER_REGS) : "memory");
-  int it = 0, qn = 0, rq = 0;
+  int it = 0, rq = 0;
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
     const bool lo = w.L < a.p_bf16_min_keys, has_pages = w.kbeg < w.kend;
     if (wg == 0) {
       if (!has_pages) {  // no key in this part: lse only (WG1 writes the zero output)
-        const float m0[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF}, l0[4] = {0.f, 0.f, 0.f, 0.f};
-        if (t < 4) rf_write_lse(a, c, w, b, t, m0, l0);
+        float m0[NQ], l0[NQ];
+#pragma unroll
+        for (int k = 0; k < NQ; ++k) m0[k] = NEG_INF, l0[k] = 0.f;
+        if (t < 4) rf_write_lse<NR>(a, c, w, b, t, m0, l0);
         continue;
       }
-      const float qmul = rf_convert_q(c, t, qn++);
-      if (lo) rf_s_request<true>(a, c, w, b, t, it, rq, qmul);
-      else rf_s_request<false>(a, c, w, b, t, it, rq, qmul);
+      const float qmul = rf_convert_q<NR>(a, c, b, t);
+      if (lo) rf_s_request<NR, true>(a, c, w, b, t, it, rq, qmul);
+      else rf_s_request<NR, false>(a, c, w, b, t, it, rq, qmul);
     } else {
-      if (lo) rf_v_request<true>(a, c, w, b, t, it, rq);
-      else rf_v_request<false>(a, c, w, b, t, it, rq);
+      if (lo) rf_v_request<NR, true>(a, c, w, b, t, it, rq);
+      else rf_v_request<NR, false>(a, c, w, b, t, it, rq);
     }
     rq += has_pages;
   }
 }
 
+template <int NR>
+int launch_rf(const DecodeArgs& a, void* stream) {
+  constexpr int SMEM = RfLayout<NR>::SMEM;
+  cudaError_t e = cudaFuncSetAttribute(mla_decode_swapab_rf_kernel<NR>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  if (e != cudaSuccess) return e;
+  mla_decode_swapab_rf_kernel<NR><<<dim3(1, a.parts), RF_THREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 int launch_mla_decode_swapab_rf(const DecodeArgs& a, void* stream) {
-  // FP8 cache, 1..16 query rows, pages back to back, 16-byte aligned pointers; otherwise -1 (not launched)
+  // FP8 cache, 1..32 rows (16- or 32-row instantiation), pages back to back, 16-byte aligned pointers; otherwise -1
   const int m = a.s_q * a.h_q;
-  if (!a.is_fp8 || m < 1 || m > 16 || a.kcache_block_stride != RF_PAGE ||
+  if (!a.is_fp8 || m < 1 || m > 32 || a.kcache_block_stride != RF_PAGE ||
       (reinterpret_cast<uintptr_t>(a.kcache) | reinterpret_cast<uintptr_t>(a.q)) % 16 != 0)
     return -1;
-  alignas(64) CUtensorMap tmQ;
-  if (!make_map(&tmQ, a.q, D_QK, D_QK * 2, static_cast<uint64_t>(a.batch) * m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 64,
-                CU_TENSOR_MAP_SWIZZLE_128B, 16))
-    return -1;
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_swapab_rf_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, RF_SMEM);
-  if (e != cudaSuccess) return e;
-  mla_decode_swapab_rf_kernel<<<dim3(1, a.parts), RF_THREADS, RF_SMEM, static_cast<cudaStream_t>(stream)>>>(a, tmQ);
-  return cudaGetLastError();
+  return m <= 16 ? launch_rf<16>(a, stream) : launch_rf<32>(a, stream);
 }
 
 }  // namespace flashmla

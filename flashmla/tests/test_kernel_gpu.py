@@ -120,10 +120,13 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
     want = "wgmma" if sel == "wgmma" or (sel == "auto" and s_q * h_q >= auto_rows) else "default"
     if sel in ("swapab", "auto") and s_q * h_q <= flashmla.api._C.auto_swapab_max_rows():
         want = "swapab"
-        if fp8 and s_q * h_q <= 16 and os.environ.get("FLASHMLA_SWAPAB_RF") != "0":
+        if fp8 and s_q * h_q <= RF_MAX_ROWS and os.environ.get("FLASHMLA_SWAPAB_RF") != "0":
             want = "swapab_rf"  # the register-fed FP8 kernel (FLASHMLA_SWAPAB_RF=0: the bf16-stage one)
     assert flashmla.api._C.last_kernel() == want
     return res
+
+
+RF_MAX_ROWS = 32  # the register-fed swap-AB FP8 kernel's rows (16- and 32-row instantiations)
 
 
 def fp8_reference(q, k8, bt, sl, causal=False):
@@ -341,7 +344,12 @@ def shape_data(q, kc, data, seed):
     """randn: as drawn; wide: tile scales over 5.5 decades (wide_tile_cache); large_q: |Q| up to ~1.5e5 on every
     other request (E = 3 there) over K ~ 1e-4 (half of it f16 subnormals), logits ~3x the randn case's (at 3e5, 30x:
     the fp32 sums of S, reference and kernel alike, then differ by ~1e-5 of lse); small_q: |Q| ~ 1e-6 over K ~ 1e6
-    (logits of order 1; outputs ~1e6, so compare them scaled back)."""
+    (logits of order 1; outputs ~1e6, so compare them scaled back); jumpy: each page's keys times 1..9 at random
+    (page maxima of the logits jump by more than the register-fed kernel's slack of 2^8, up and down)."""
+    if data == "jumpy":
+        g = torch.Generator(device=kc.device).manual_seed(seed)
+        f = 1 + 8 * torch.rand(kc.shape[0], 1, 1, 1, generator=g, device=kc.device)
+        kc = (kc.float() * f).to(kc.dtype)
     if data == "wide":
         kc = wide_tile_cache(kc, seed)
     if data == "large_q":
@@ -439,7 +447,7 @@ SWAPAB_SWEEP = list(itertools.product([1, 7, 64], [1, 65, 4097], [(1, 1), (1, 2)
 
 def swapab_default_rows(monkeypatch, rf="0"):
     """FLASHMLA_SWAPAB_MAX_ROWS unset: the swap-AB kernel takes up to 32 query rows (NR = 32 above 16); the FP8
-    cache at <= 16 rows in its bf16-stage kernel (FLASHMLA_SWAPAB_RF=0) unless rf = "1" (the register-fed one)."""
+    cache in its bf16-stage kernel (FLASHMLA_SWAPAB_RF=0) unless rf = "1" (the register-fed one, <= 32 rows)."""
     monkeypatch.delenv("FLASHMLA_SWAPAB_MAX_ROWS", raising=False)
     monkeypatch.setenv("FLASHMLA_SWAPAB_RF", rf)
     assert flashmla.api._C.auto_swapab_max_rows() == 32
@@ -454,9 +462,9 @@ def poison_fp8_tails(k8, bt, sl):
 
 
 @pytest.mark.parametrize("batch,seqlen,hs,rf", [c + ("0",) for c in SWAPAB_SWEEP] +
-                         [c + ("1",) for c in SWAPAB_SWEEP if c[2][0] * c[2][1] <= 16])
+                         [c + ("1",) for c in SWAPAB_SWEEP if c[2][0] * c[2][1] <= RF_MAX_ROWS])
 def test_fp8_swapab_sweep(batch, seqlen, hs, rf, monkeypatch):
-    """FP8 cache under the swap-AB kernels (rf "0": bf16-stage; "1": register-fed, <= 16 rows) vs the reference
+    """FP8 cache under the swap-AB kernels (rf "0": bf16-stage; "1": register-fed, both tiles) vs the reference
     of the kernel that ran (the BF16 tolerances), ragged lengths incl. 0, 0xFF bytes (NaN values and scales) past
     every length, causal when s_q > 1."""
     need_kernel()
@@ -538,7 +546,7 @@ def test_fp8_swapab_deterministic_and_poisoned_output_written(rf, monkeypatch):
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize("h_q,s_q,rf", [(8, 2, "0"), (16, 2, "0"), (16, 1, "1"), (8, 2, "1")])
+@pytest.mark.parametrize("h_q,s_q,rf", [(8, 2, "0"), (16, 2, "0"), (16, 1, "1"), (8, 2, "1"), (16, 2, "1")])
 def test_fp8_swapab_cuda_graph_replay(h_q, s_q, rf, monkeypatch):
     """The swap-AB FP8 kernels (rf "0": bf16-stage, 32 rows: NR = 32; "1": register-fed) captured in a CUDA graph
     and replayed with new lengths (0, tails inside a page), each replay checked against its reference."""
@@ -582,8 +590,8 @@ def test_fp8_swapab32_auto_selection_follows_env(h_q, s_q, fp8, monkeypatch):
         out, lse = run(q, kv, bt, sl, s_q > 1, fp8=fp8)
         check(out, lse, *(fp8_reference(q, kv, bt, sl, s_q > 1) if fp8 else flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=s_q > 1)))
         ran.append(flashmla.api._C.last_kernel())
-    above16 = "default" if fp8 else "wgmma"
-    assert ran == (["swapab", "swapab", above16] if h_q * s_q > 16 else ["swapab_rf" if fp8 else "swapab"] * 3)
+    sab = "swapab_rf" if fp8 else "swapab"
+    assert ran == ([sab, sab, "default" if fp8 else "wgmma"] if h_q * s_q > 16 else [sab] * 3)
 
 
 @pytest.mark.parametrize("rf", ["0", "1"])
@@ -605,7 +613,7 @@ def test_fp8_swapab_l2_prefetch_settings_agree(rf, monkeypatch):
         assert torch.equal(out, base[0]) and torch.equal(lse, base[1]), pf
 
 
-# ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; 1..16 rows, the default there;
+# ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; 1..32 rows, the default there;
 # FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel). It is exact in the e4m3 values and applies K's scales in fp32, V's in f16 relative to each page's
 # largest: its oracle is the reference on the float32-dequantised cache.
 
@@ -619,12 +627,13 @@ def rf_reference(q, k8, bt, sl, s_q):
     return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
 
 
-@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (11, 1)])
-@pytest.mark.parametrize("data", ["randn", "wide", "large_q", "small_q"])
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (11, 1), (32, 1), (16, 2), (17, 1), (9, 3)])
+@pytest.mark.parametrize("data", ["randn", "wide", "large_q", "small_q", "jumpy"])
 def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
-    """Both sides of the exact-P threshold, tails of 1 and 63 tokens, a zero-length request and one split over
-    several parts; tile scales over 5.5 decades (wide: V's f16 products relative to the page's largest scale),
-    |Q| far above f16's range (large_q) and far below its normal range (small_q: Q scaled by 2^-E, S by 2^E)."""
+    """Both tiles (16 and 32 rows), both sides of the exact-P threshold, tails of 1 and 63 tokens, a zero-length
+    request and one split over several parts; tile scales over 5.5 decades (wide: V's f16 products relative to the
+    page's largest scale), |Q| far above f16's range (large_q) and far below its normal range (small_q: Q scaled by
+    2^-E, S by 2^E), page maxima jumping past the slack of the reference max (jumpy)."""
     need_kernel()
     rf_env(monkeypatch, "auto")
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
@@ -639,18 +648,19 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
 
 
-def test_fp8_swapab_rf_applies_only_to_fp8_up_to_16_rows(monkeypatch):
-    """The register-fed kernel leaves 17..32 FP8 rows and every BF16 case to the bf16-stage swap-AB kernel (run() asserts which
-    ran); a value other than 0 or 1 is an error, raised before anything is launched."""
+def test_fp8_swapab_rf_applies_only_to_fp8_up_to_32_rows(monkeypatch):
+    """The register-fed kernel runs the FP8 cache at 1..32 rows and leaves every BF16 case to the swap-AB kernel
+    (33 FP8 rows, beyond swap-AB, to the default one; run() asserts which ran); a value other than 0 or 1 is an
+    error, raised before anything is launched."""
     need_kernel()
     rf_env(monkeypatch)
     lens = [300, 0, 65]
-    for h_q, fp8 in ((17, True), (32, True), (16, False)):
+    for h_q, fp8, ran in ((17, True, "swapab_rf"), (32, True, "swapab_rf"), (33, True, "default"), (16, False, "swapab")):
         q, kc, bt, sl = make_inputs(len(lens), lens, h_q, 1, device=DEV, seed=5 + h_q)
         kv = flashmla.quantize_kvcache(kc) if fp8 else kc
-        check(*run(q, kv, bt, sl, fp8=fp8),
-              *flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(kv) if fp8 else kc, bt, sl, 512))
-        assert flashmla.api._C.last_kernel() == "swapab"
+        out, lse = run(q, kv, bt, sl, fp8=fp8)
+        check(out, lse, *(fp8_reference(q, kv, bt, sl) if fp8 else flashmla.mla_decode_ref(q, kc, bt, sl, 512)))
+        assert flashmla.api._C.last_kernel() == ran
     monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "2")
     meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
     with pytest.raises(RuntimeError, match="FLASHMLA_SWAPAB_RF must be 0 or 1"):

@@ -1,19 +1,21 @@
-"""CPU model of the register-fed swap-AB kernel (../mla_decode_swapab_rf.cu; FP8 cache, 1..16 query rows). Update
-together.
+"""CPU model of the register-fed swap-AB kernel (../mla_decode_swapab_rf.cu; FP8 cache, 1..32 query rows in its
+NR = 16 and NR = 32 instantiations). Update together.
 
 layout: requests of a few pages replayed through the kernel's maps in float64, f16 roundings emulated:
-  - Q's conversion (staging slabs read through the 128B swizzle, 2^-E from the live rows' max |Q|, each k-step's
-    columns permuted) into the f16 / bf16 tile, read back as the K-major B operand;
+  - Q's conversion (the request's rows from global memory, 2^-E from the live rows' max |Q|, each k-step's columns
+    permuted) into the f16 / bf16 tile of NR rows, read back as the K-major B operand;
   - K's A fragments: thread (warp, g, c) -> keys 16w + g (+ 8), word j of its 32 bytes per tile -> k-step and
     fragment k; each (key, k) written exactly once; per-tile accumulators and fp32 scales, RoPE unscaled;
-  - the softmax over pages (exp2 domain, column max, alpha, f16 P hi / lo);
+  - the softmax over pages (exp2 domain, a column's reference max moved only when a page exceeds it by more than
+    RF_MAX_SLACK, alpha, f16 P hi / lo);
   - V's A fragments: PRMT of two keys' words, scale / sigma in f16 (sigma: the page's largest scale of the warp's
     tile as a power of two), m-tile rows -> value columns d0 + 2mt (+ 1); O rescaled by sigma ratios; the epilogue;
   and compares out and lse with attention on dequantize_kvcache(k, float32) (0xFF bytes past every length).
-protocol: randomised interleavings of the producer (a ring of 4 page slots, Q after a request's first page), the
-  four warps of the S warpgroup (Q conversion, S, sMax by page parity, P^T and alpha by page parity, row sums and
-  1/l by request parity) and the four of the P V warpgroup, with the kernel's mbarrier counts and parities: no
-  deadlock, every read sees the version it expects.
+protocol: randomised interleavings of the producer (a ring of 4 page slots), the four warps of the S warpgroup (Q
+  conversion, S, sMax by page parity, P^T and alpha by page parity, row sums and 1/l by request parity) and the four
+  of the P V warpgroup (NR = 16: the page's V read, its slot released, then P^T; NR = 32: a quarter of V read, then
+  P^T, then the rest and the slot), with the kernel's mbarrier counts and parities: no deadlock, every read sees
+  the version it expects.
 `--mutants` breaks one map, count, wait or buffer at a time and asserts each is caught. ~5 s:
 
     python flashmla/csrc/models/swapab_rf_model.py [--trials N] [--mutants]
@@ -28,7 +30,7 @@ import torch
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
 from sim import MBar, NBar, expect_caught, page_mixes, simulate
 
-TOKEN, QSLAB, SLOTS = 656, 2048, 4
+TOKEN, SLOTS, MAX_SLACK = 656, 4, 8.0
 
 
 def swz128(r, k): return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2
@@ -52,12 +54,9 @@ def pow2_ceil(x):
 
 # ------------------------------------------------------------------------------- layout
 def convert_q(q, m, mut):
-    """q float64 [16, 576] (rows >= m: the next request's) -> (tile {byte address: value}, 2^E)."""
-    stage = {}
-    for sl in range(9):
-        for n in range(16):
-            for col in range(64):  # TMA: row n, 16-byte chunk col // 8 at its swizzled unit
-                stage[sl * QSLAB + n * 128 + ((((col >> 3) ^ n) & 7) << 4) + (col & 7) * 2] = q[n, 64 * sl + col]
+    """q float64 [NR, 576] (rows >= m: the next request's, not read) -> (tile {byte address: value}, 2^E)."""
+    nr = q.shape[0]
+    qslab = nr * 128
     mx = max((abs(q[n, d]) for n in range(m) for d in range(512)), default=0.0)
     e = 0
     if mx > 0:
@@ -65,33 +64,33 @@ def convert_q(q, m, mut):
     down = 2.0 ** -e
     tile = {}
     for t in range(128):
-        n, ch = t >> 3, t & 7
-        for sl in range(9):
-            src = [stage[sl * QSLAB + n * 128 + (((ch ^ n) & 7) << 4) + 2 * i] for i in range(8)]
-            for h in range(2):
-                d0 = 8 * ch + 4 * h
-                v = src[4 * h:4 * h + 4]
-                if sl < 8:
-                    d = 64 * sl + d0
-                    r = d & 127
-                    kk, cc = 8 * (d >> 7) + ((r >> 2) & 7), r >> 5
-                    v = [f16(x * down) for x in v]
-                else:
-                    kk, cc = 32 + ((d0 >> 2) & 3), d0 >> 4
-                if n >= m: v = [0.0] * 4
-                col = (kk & 3) * 16 + 2 * cc
-                lo, hi = (col + 8, col) if mut == "q_pairs_swapped" else (col, col + 8)
-                for i, c in enumerate((lo, lo + 1, hi, hi + 1)):
-                    addr = (kk >> 2) * QSLAB + swz128(n, c)
-                    assert addr not in tile, "Q tile element written twice"
-                    tile[addr] = v[i]
+        for hh in range(nr // 16):
+            n, ch = (t >> 3) + 16 * hh, t & 7
+            for sl in range(9):
+                src = [q[n, 64 * sl + 8 * ch + i] if n < m else 0.0 for i in range(8)]
+                for h in range(2):
+                    d0 = 8 * ch + 4 * h
+                    v = src[4 * h:4 * h + 4]
+                    if sl < 8:
+                        d = 64 * sl + d0
+                        r = d & 127
+                        kk, cc = 8 * (d >> 7) + ((r >> 2) & 7), r >> 5
+                        v = [f16(x * down) for x in v]
+                    else:
+                        kk, cc = 32 + ((d0 >> 2) & 3), d0 >> 4
+                    col = (kk & 3) * 16 + 2 * cc
+                    lo, hi = (col + 8, col) if mut == "q_pairs_swapped" else (col, col + 8)
+                    for i, c in enumerate((lo, lo + 1, hi, hi + 1)):
+                        addr = (kk >> 2) * qslab + swz128(n, c)
+                        assert addr not in tile, "Q tile element written twice"
+                        tile[addr] = v[i]
     return tile, 2.0 ** e
 
 
-def b_operand(tile):
-    """The K-major B operand as the wgmma reads it: [16 rows][36 k-steps x 16]."""
-    return np.array([[tile[(kk >> 2) * QSLAB + swz128(n, (kk & 3) * 16 + k)] for kk in range(36) for k in range(16)]
-                     for n in range(16)])
+def b_operand(tile, nr):
+    """The K-major B operand as the wgmma reads it: [NR rows][36 k-steps x 16]."""
+    return np.array([[tile[(kk >> 2) * nr * 128 + swz128(n, (kk & 3) * 16 + k)] for kk in range(36) for k in range(16)]
+                     for n in range(nr)])
 
 
 def k_fragments(raw, mut):
@@ -166,10 +165,11 @@ def v_fragments(raw, valid, mut):
 
 def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
     """One request through the kernel's maps (P hi / lo below min_keys keys): (out [m, 512], lse [m]) in float64."""
+    nr = q.shape[0]
     tile, qmul = convert_q(q, m, mut)
-    bq = b_operand(tile)
-    mrow, lrow = np.full(16, -np.inf), np.zeros(16)
-    o = np.zeros((512, 16))
+    bq = b_operand(tile, nr)
+    mrow, lrow = np.full(nr, -np.inf), np.zeros(nr)
+    o = np.zeros((512, nr))
     sig_prev = {w: 0.0 for w in range(4)}
     lo = L < min_keys
     for p, raw in enumerate(raw_pages):
@@ -182,10 +182,11 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
         with np.errstate(invalid="ignore"):
             s = sum(st[t] * sc[:, tl[t]:tl[t] + 1] for t in range(4)) * qmul + sr
         s = np.where(np.arange(64)[:, None] < valid, s * scale * math.log2(math.e), -np.inf)
-        mx = np.maximum(mrow, s.max(0))
+        mx = np.where(s.max(0) > mrow + MAX_SLACK, s.max(0), mrow)
         muse = np.where(mx == -np.inf, 0.0, mx)
         al = np.exp2(mrow - muse)
-        pt = np.exp2(s - muse)  # [64, 16]
+        pt = np.exp2(s - (np.maximum(muse, s.max(0)) if mut == "p_from_page_max" else muse))  # [64, NR]
+        assert pt.max(initial=0.0) <= 2.0 ** MAX_SLACK, "P past 2^slack (f16 P and O^T's range)"
         hi = f16(pt)
         pv = hi + (f16(pt - hi) if lo else 0.0)
         lrow = lrow * al + pt.sum(0)
@@ -199,7 +200,7 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
         assert sorted(vcol) == list(range(512)), "value columns not covered exactly once"
         for dcol, v in vcol.items():
             o[dcol] += v @ pv
-    out = np.zeros((512, 16))
+    out = np.zeros((512, nr))
     for w4 in range(4):
         rows = slice(128 * w4, 128 * w4 + 128)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -209,7 +210,7 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
     return out.T[:m], lse[:m]
 
 
-def check_layout(L, m, seed, wide=False, min_keys=1024, mut=None):
+def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=None):
     g = torch.Generator().manual_seed(seed)
     npg = (L + 63) // 64
     kc = torch.randn(npg * 64, 576, generator=g).to(torch.bfloat16)
@@ -217,9 +218,11 @@ def check_layout(L, m, seed, wide=False, min_keys=1024, mut=None):
         mag = torch.pow(10.0, torch.rand(npg * 64, 4, generator=g) * 5 - 4.5)
         kc = torch.cat([(kc[:, :512].float().view(-1, 4, 128) * mag[..., None]).flatten(1), kc[:, 512:].float()], 1)
         kc = kc.to(torch.bfloat16)
+    if ramp:  # logits growing page by page: each page's max above the reference by more than the slack
+        kc = (kc.float() * (1 + 3 * torch.arange(npg * 64) // 64)[:, None]).to(torch.bfloat16)
     k8 = quantize_kvcache(kc)
     k8[L:] = 0xFF  # NaN values and scales past the length
-    q = torch.randn(16, 576, generator=g).to(torch.bfloat16).double()
+    q = torch.randn(nr, 576, generator=g).to(torch.bfloat16).double()
     q[m:] *= 50.0  # the next request's rows: must not set E
     scale = 576 ** -0.5
     raw = k8.numpy()
@@ -235,47 +238,41 @@ def check_layout(L, m, seed, wide=False, min_keys=1024, mut=None):
     assert lerr < 1e-4, f"lse error {lerr:.2e}"
 
 
-# (keys, rows, seed[, wide scales, exact-P threshold]): tails of 36, 1 and 2 keys, a page-aligned length, bf16-only P
-LAYOUT_CASES = [(100, 16, 1), (1, 5, 2), (64, 11, 3), (130, 16, 4, True), (70, 3, 5, False, 0)]
+# (keys, rows, seed[, wide scales, exact-P threshold, NR]): tails of 36, 1 and 2 keys, a page-aligned length, bf16-only
+# P; 17..32 rows in the NR = 32 tile; a request whose max rises page after page (a reference max moved and kept)
+LAYOUT_CASES = [(100, 16, 1), (1, 5, 2), (64, 11, 3), (130, 16, 4, True), (70, 3, 5, False, 0),
+                (300, 9, 9, False, 1024, 16, True), (150, 32, 6, False, 1024, 32), (65, 17, 7, True, 1024, 32),
+                (400, 24, 8, False, 0, 32, True)]
 LAYOUT_MUTANTS = ("q_pairs_swapped", "prmt_selectors", "v_rows_swapped", "k_tile_scales_shifted", "no_sigma_rescale",
-                  "v_tail_scale_kept")
+                  "v_tail_scale_kept", "p_from_page_max")
 
 
 # ------------------------------------------------------------------------------- protocol
-def run_protocol(reqs, seed, mut=None):
-    """reqs: pages per request (0 allowed)."""
+def run_protocol(reqs, seed, nr, mut=None):
+    """reqs: pages per request (0 allowed); nr: the instantiation (16 or 32 rows)."""
     rnd = random.Random(seed)
     mb = {**{f"rf{s}": MBar(1) for s in range(SLOTS)},
           **{f"re{s}": MBar(128 if mut == "raw_empty_count_128" else 256) for s in range(SLOTS)},
-          **{f"pf{s}": MBar(128) for s in range(2)}, **{f"pe{s}": MBar(128) for s in range(2)},
-          "qfull": MBar(1), "qempty": MBar(128)}
+          **{f"pf{s}": MBar(128) for s in range(2)}, **{f"pe{s}": MBar(128) for s in range(2)}}
     nb = {k: NBar(k, parties=4) for k in ("SMAX", "SL", "Q")}
 
-    def producer():
-        it = qn = 0
+    def producer():  # (Q: an L2 prefetch only, no shared memory)
+        it = 0
         for r, npg in enumerate(reqs):
             for j in range(npg):
                 s = it % SLOTS
                 yield ("wait", f"re{s}", ((it // SLOTS) & 1) ^ 1)
                 yield ("expect", f"rf{s}"); yield ("tma", f"R{s}", ("pg", it), f"rf{s}")
-                if j == 0:
-                    yield ("wait", "qempty", (qn & 1) ^ 1)
-                    yield ("expect", "qfull"); yield ("tma", "QS", ("Q", r), "qfull"); qn += 1
                 it += 1
 
     def s_warp(w):
-        it = qn = rq = 0
+        it = rq = 0
         for r, npg in enumerate(reqs):
             if npg == 0: continue
-            yield ("wait", "qfull", qn & 1); qn += 1
-            yield ("rbeg", "QS", ("Q", r)); yield ("rend", "QS", ("Q", r))
-            yield ("write", f"QR.{w}", ("QR", r)); yield ("nsync", "Q")
+            yield ("write", f"QR.{w}", ("QR", r)); yield ("nsync", "Q")  # Q's max (from global memory)
             for x in range(4): yield ("rbeg", f"QR.{x}", ("QR", r)); yield ("rend", f"QR.{x}", ("QR", r))
-            if mut == "q_empty_before_read": yield ("arrive", "qempty", 32)
-            yield ("rbeg", "QS", ("Q", r)); yield ("rend", "QS", ("Q", r))
             yield ("write", f"QF.{w}", ("QF", r))
-            if mut != "q_empty_before_read": yield ("arrive", "qempty", 32)
-            yield ("nsync", "Q")
+            if mut != "q_tile_unsynced": yield ("nsync", "Q")
             for j in range(npg):
                 s, par = it % SLOTS, it & 1
                 yield ("wait", f"rf{s}", (it // SLOTS) & 1)
@@ -308,13 +305,17 @@ def run_protocol(reqs, seed, mut=None):
                 yield ("wait", f"rf{s}", (it // SLOTS) & 1)
                 if mut == "v_releases_before_read": yield ("arrive", f"re{s}", 32)
                 yield ("rbeg", f"R{s}", ("pg", it)); yield ("rend", f"R{s}", ("pg", it))
-                if mut != "v_releases_before_read": yield ("arrive", f"re{s}", 32)
+                if mut != "v_releases_before_read" and nr == 16: yield ("arrive", f"re{s}", 32)
                 yield ("wait", f"pf{par}", (it >> 1) & 1)
                 ppar = 0 if mut == "one_p_plane" else par
                 ipar = 0 if mut == "one_inv_buffer" else rq & 1
                 rd = [(f"P{ppar}.{x}", ("P", it)) for x in range(4)] + [(f"A{ppar}", ("A", it))]
                 if j == npg - 1 and mut != "v_reads_inv_late": rd.append((f"I{ipar}", ("I", r)))
                 for b, v in rd: yield ("rbeg", b, v)
+                if nr == 32:  # batches 2..7 of V read while P^T's wgmmas run; the slot released after the last
+                    if mut == "v32_releases_before_rest": yield ("arrive", f"re{s}", 32)
+                    yield ("rbeg", f"R{s}", ("pg", it)); yield ("rend", f"R{s}", ("pg", it))
+                    if mut not in ("v_releases_before_read", "v32_releases_before_rest"): yield ("arrive", f"re{s}", 32)
                 for b, v in rd: yield ("rend", b, v)
                 yield ("arrive", f"pe{par}", 32)
                 if j == npg - 1 and mut == "v_reads_inv_late":
@@ -329,12 +330,13 @@ def run_protocol(reqs, seed, mut=None):
 def check_protocol(trials, mut=None):
     n = 0
     for reqs, seed in page_mixes(trials, [0, 1, 1, 1, 2, 3, 6]):
-        run_protocol(reqs, seed, mut); n += 1
+        for nr in (16, 32):
+            run_protocol(reqs, seed, nr, mut); n += 1
     return n
 
 
 PROTOCOL_MUTANTS = ("raw_empty_count_128", "v_releases_before_read", "s_skips_p_empty", "one_p_plane", "one_inv_buffer",
-                    "v_reads_inv_late", "q_empty_before_read")
+                    "v_reads_inv_late", "q_tile_unsynced", "v32_releases_before_rest")
 # (sMax by page parity is belt and braces, as in the other swap-AB kernel: "smax_one_buffer" passes)
 
 
