@@ -8,7 +8,7 @@ import torch
 
 import flashmla
 from flashmla import ref
-from flashmla.testing import f16_dequantized, make_inputs, wide_tile_cache
+from flashmla.testing import f16_dequantized, make_inputs, rf_values, wide_tile_cache
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -130,11 +130,18 @@ RF_MAX_ROWS = 32  # the register-fed swap-AB FP8 kernel's rows (16- and 32-row i
 
 
 def fp8_reference(q, k8, bt, sl, causal=False):
-    """The oracle of the FP8 kernel that ran last: the reference on the float32-dequantised cache for the
-    register-fed swap-AB kernel (exact e4m3 values, scales applied in fp32 / f16), on the bf16-dequantised cache
-    (what they compute) for the others."""
-    dt = torch.float32 if flashmla.api._C.last_kernel() == "swapab_rf" else torch.bfloat16
-    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, dt), bt, sl, 512, causal=causal)
+    """The oracle of the FP8 kernel that ran last: for the register-fed swap-AB kernel the reference with K from
+    the float32-dequantised cache (exact e4m3 values, K's scales applied in fp32) and V as it forms it
+    (flashmla.testing.rf_values: f16 products relative to each page's largest scale); for the others, the
+    reference on the bf16-dequantised cache (what they compute)."""
+    if flashmla.api._C.last_kernel() == "swapab_rf":
+        return rf_reference(q, k8, bt, sl, causal)
+    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
+
+
+def rf_reference(q, k8, bt, sl, causal):
+    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=causal,
+                                   v_cache=rf_values(k8, bt, sl))
 
 
 @pytest.mark.parametrize("ovh", [None, 0, 2, 8, 255])
@@ -615,17 +622,14 @@ def test_fp8_swapab_l2_prefetch_settings_agree(rf, monkeypatch):
 
 
 # ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; 1..32 rows, the default there;
-# FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel). It is exact in the e4m3 values and applies K's scales in fp32, V's in f16 relative to each page's
-# largest: its oracle is the reference on the float32-dequantised cache.
+# FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel). It is exact in the e4m3 values and applies K's scales in fp32,
+# V's in f16 relative to each page's largest: its oracle (rf_reference) takes K from the float32-dequantised cache
+# and V from flashmla.testing.rf_values.
 
 
 def rf_env(monkeypatch, kernel="swapab"):
     monkeypatch.setenv("FLASHMLA_KERNEL", kernel)
     swapab_default_rows(monkeypatch, rf="1")
-
-
-def rf_reference(q, k8, bt, sl, s_q):
-    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (11, 1), (32, 1), (16, 2), (17, 1), (9, 3)])
@@ -645,7 +649,7 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     k8 = flashmla.quantize_kvcache(kc)
     poison_fp8_tails(k8, bt, sl)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
-    ro, rl = rf_reference(q, k8, bt, sl, s_q)
+    ro, rl = rf_reference(q, k8, bt, sl, s_q > 1)
     unit = 1e-6 if data == "small_q" else 1.0
     check((out.float() * unit).to(out.dtype), lse, ro * unit, rl)
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()

@@ -274,3 +274,33 @@ def test_fp8_split_parts():
     assert torch.equal(rope, x[..., 512:])
     with pytest.raises(ValueError, match="uint8"):
         split_kvcache(k8.float())
+
+
+def test_rf_values_and_the_reference_with_a_value_cache():
+    """flashmla.testing.rf_values (the register-fed kernel's V, its oracle's values) against a per-page loop:
+    sigma the least power of two >= the page's largest live scale, f16(e4m3 * f16(scale / sigma)) * sigma, within
+    2^-10 of the float32-dequantised value (and 2^-16 sigma where scale / sigma is an f16 subnormal: tile scales
+    over 5.5 decades here), 0 past each length; mla_decode_ref(..., v_cache=) takes V from it."""
+    from flashmla.testing import rf_values, wide_tile_cache
+    q, kc, bt, sl = make_inputs(3, [100, 0, 64], 4, 1, seed=3)
+    k8 = flashmla.quantize_kvcache(wide_tile_cache(kc, 4))
+    v = rf_values(k8, bt, sl)
+    kd = flashmla.dequantize_kvcache(k8, torch.float32)
+    for b, L in enumerate(sl.tolist()):
+        for j in range(bt.shape[1]):
+            pg, n = int(bt[b, j]), max(0, min(64, L - 64 * j))
+            assert (v[pg, n:] == 0).all()
+            for t in range(4):
+                sc = k8[pg, :n, 0, 512 + 4 * t:516 + 4 * t].contiguous().view(torch.float32).flatten().double()
+                mx = sc.max().item() if n else 0.0
+                sigma = 2.0 ** math.ceil(math.log2(mx)) if mx > 0 else 1.0
+                e = k8[pg, :n, 0, 128 * t:128 * t + 128].view(torch.float8_e4m3fn).double()
+                want = (e * (sc / sigma).half().double()[:, None]).half().double() * sigma
+                assert torch.equal(v[pg, :n, 0, 128 * t:128 * t + 128].double(), want)
+                ref_v = kd[pg, :n, 0, 128 * t:128 * t + 128].double()
+                assert ((want - ref_v).abs() <= 2.0 ** -10 * ref_v.abs() + 2.0 ** -16 * sigma).all()
+    vc = torch.cat([v, kd[..., 512:]], -1)
+    out, lse = ref.mla_decode_ref(q, kd, bt, sl, 512, v_cache=vc)
+    o2, l2 = ref.mla_decode_ref(q, vc, bt, sl, 512)  # K from vc as well: only the logits change
+    assert torch.equal(out[1], o2[1]) and not torch.equal(lse, l2) and torch.isinf(lse[1]).all()
+    assert (out - ref.mla_decode_ref(q, kd, bt, sl, 512)[0]).abs().max() < 1e-3

@@ -17,7 +17,7 @@ META_SIZE = 8           # int32 words per row of tile_scheduler_metadata
 
 def mla_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                    cache_seqlens: torch.Tensor, head_dim_v: int, softmax_scale: float | None = None,
-                   causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   causal: bool = False, v_cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference MLA decode in float32.
 
     q:            [batch, s_q, h_q, d]                 (any float dtype)
@@ -27,7 +27,8 @@ def mla_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Te
     Returns out float32 [batch, s_q, h_q, head_dim_v] and lse float32 [batch, h_q, s_q]
     (natural log). A query row that sees no key gets out = 0 and lse = +inf. With causal=True
     and s_q > 1, query i (0-based) of a request with L keys sees keys [0, L - s_q + i], the
-    bottom-right aligned mask.
+    bottom-right aligned mask. v_cache (optional, same pages as k_cache, [..., >= head_dim_v]): the values
+    from it instead of from k_cache (a kernel's own view of V, e.g. flashmla.testing.rf_values).
     """
     batch, s_q, h_q, d = q.shape
     page, h_kv = k_cache.shape[1], k_cache.shape[2]
@@ -54,7 +55,8 @@ def mla_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Te
         p = torch.exp(s - torch.where(empty, torch.zeros_like(m), m))
         denom = p.sum(dim=-1, keepdim=True)
         p = p / torch.where(empty, torch.ones_like(denom), denom)
-        o = torch.einsum("kgql,lkd->qkgd", p, kv[..., :head_dim_v])     # [s_q, h_kv, g, dv]
+        vv = kv if v_cache is None else v_cache[pages].reshape(-1, h_kv, v_cache.shape[-1])[:L].float()
+        o = torch.einsum("kgql,lkd->qkgd", p, vv[..., :head_dim_v])     # [s_q, h_kv, g, dv]
         out[b] = o.reshape(s_q, h_q, head_dim_v)
         lse[b] = torch.where(empty, torch.full_like(m, math.inf),
                              m + torch.log(denom)).reshape(h_q, s_q)

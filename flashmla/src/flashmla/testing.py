@@ -57,6 +57,29 @@ def f16_nope(e: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (e * sx).half().float()
 
 
+def rf_values(k_fp8: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor) -> torch.Tensor:
+    """V (float32 [num_blocks, 64, h_kv, 512]) exactly as the register-fed swap-AB kernel forms it, its oracle's
+    values beside K from dequantize_kvcache(k, torch.float32): per page and 128-column tile, sigma = the least
+    power of two >= the largest scale of the page's live tokens (1 if none), each value f16(e4m3 * f16(scale /
+    sigma)) * sigma (two f16 roundings: <= 2^-10 relative, or 2^-16 sigma where scale / sigma is an f16 subnormal);
+    0 past each request's length."""
+    from .quant import split_kvcache
+    e, s, _ = split_kvcache(k_fp8)  # [nb, 64, h, 512], [nb, 64, h, 4]
+    nb, page = k_fp8.shape[0], k_fp8.shape[1]
+    live = torch.zeros(nb, page, dtype=torch.bool, device=k_fp8.device)
+    tok = torch.arange(block_table.shape[1] * page, device=k_fp8.device).view(-1, page)
+    for b, L in enumerate(cache_seqlens.tolist()):
+        live[block_table[b].long()] = tok < L
+    sc = torch.where(live[:, :, None, None], s, torch.zeros_like(s))
+    mx = sc.amax(dim=1, keepdim=True)
+    mant, ex = torch.frexp(mx)  # mx = mant * 2^ex, mant in [0.5, 1)
+    ex = torch.where(mant == 0.5, ex - 1, ex).clamp(-126, 126)
+    sigma = torch.where(mx > 0, torch.ldexp(torch.ones_like(mx), ex), torch.ones_like(mx))
+    fac = (sc / sigma).half().float().repeat_interleave(128, -1)
+    v = (e.half().float() * fac).half().float() * sigma.repeat_interleave(128, -1)
+    return torch.where(live[:, :, None, None], v, torch.zeros_like(v))
+
+
 def f16_dequantized(k_fp8: torch.Tensor) -> torch.Tensor:
     """The FP8 cache exactly as the f16 consumers see it (float32 [..., 576]): NoPE by f16_nope, RoPE as is; the
     oracle of FLASHMLA_FP8_F16=1."""
