@@ -299,9 +299,9 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
   };
   if constexpr (NR == 16) {
     uint32_t ak[8][4][4], ar[4][4];
-#pragma unroll
     rope(ar);  // (loads first: their latency hides behind the conversions)
     r[0] = lds128(tok0 + D_V), r[1] = lds128(tok1 + D_V);
+#pragma unroll
     for (int bt = 0; bt < 8; ++bt) nope(bt >> 1, bt & 1, ak[bt]);
 #pragma unroll
     for (int bt = 0; bt < 8; ++bt) fence_u32(ak[bt]);
