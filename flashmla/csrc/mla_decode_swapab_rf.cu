@@ -46,8 +46,7 @@ namespace flashmla {
 namespace {
 
 constexpr int RF_TOKEN = 656, RF_PAGE = PAGE * RF_TOKEN;
-// Shared memory of the NR-row instantiation (NR = 16 or 32 query rows): 4 page slots at 16 rows, 3 at 32 (its Q
-// tiles and P^T planes are twice as large)
+// Shared memory of the NR-row instantiation (NR = 16 or 32 query rows): 4 page slots, the Q tile and the P^T planes
 template <int NR>
 struct RfLayout {
   static constexpr int SLOTS = 4, QSLAB = NR * 128, OFF_QF = SLOTS * RF_PAGE;
