@@ -583,7 +583,7 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
     // both tile sizes: BENCHMARKS.md session 25), unless FLASHMLA_SWAPAB_RF=0
     const bool pf_set = pf && pf[0];
     if (a.is_fp8 && !pf_set) a.l2_prefetch_pages = kSwapabRfL2Prefetch;
-    wg = rf_off ? -1 : launch_mla_decode_swapab_rf(a, stream);
+    wg = rf_off || m > sab_rows ? -1 : launch_mla_decode_swapab_rf(a, stream);
     g_last_kernel = "swapab_rf";
     if (wg < 0) {
       if (a.is_fp8 && !pf_set) a.l2_prefetch_pages = kSwapabL2Prefetch;

@@ -657,8 +657,8 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
 
 def test_fp8_swapab_rf_applies_only_to_fp8_up_to_32_rows(monkeypatch):
     """The register-fed kernel runs the FP8 cache at 1..32 rows and leaves every BF16 case to the swap-AB kernel
-    (33 FP8 rows, beyond swap-AB, to the default one; run() asserts which ran); a value other than 0 or 1 is an
-    error, raised before anything is launched."""
+    (33 FP8 rows, beyond swap-AB, to the default one, as 17 under FLASHMLA_SWAPAB_MAX_ROWS=16; run() asserts which
+    ran); a value other than 0 or 1 is an error, raised before anything is launched."""
     need_kernel()
     rf_env(monkeypatch)
     lens = [300, 0, 65]
@@ -672,3 +672,9 @@ def test_fp8_swapab_rf_applies_only_to_fp8_up_to_32_rows(monkeypatch):
     meta, splits = flashmla.get_mla_metadata(sl, 16, 1)
     with pytest.raises(RuntimeError, match="FLASHMLA_SWAPAB_RF must be 0 or 1"):
         flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits)
+    monkeypatch.setenv("FLASHMLA_SWAPAB_RF", "1")
+    monkeypatch.setenv("FLASHMLA_SWAPAB_MAX_ROWS", "16")  # 17..32 rows leave swap-AB, register-fed included
+    q, kc, bt, sl = make_inputs(len(lens), lens, 17, 1, device=DEV, seed=7)
+    k8 = flashmla.quantize_kvcache(kc)
+    check(*run(q, k8, bt, sl, fp8=True), *fp8_reference(q, k8, bt, sl))
+    assert flashmla.api._C.last_kernel() == "default"
