@@ -340,17 +340,7 @@ __device__ __forceinline__ void sab_request(const DecodeArgs& a, const SabCta<NR
       mx[k] = fmaxf(mx[k], v);
     }
     float* smx = c.sMax + (pg & 1) * 4 * NR;
-#pragma unroll
-    for (int k = 0; k < KC; ++k) {
-      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
-      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
-      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
-    }
-    if (gq == 0) {
-#pragma unroll
-      for (int j = 0; j < NR / 8; ++j)
-        *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
-    }
+    column_max_to_smem<NR>(mx, smx, w4, gq, cq);
     bar_sync(BAR_SMAX, 128);  // also: every warp is past the previous page's P V (P^T is free)
     // BF16 cache: rows past the length in the V slabs of the request's last page (every warp's S is done;
     // the fence and barrier after P^T publish the zeros to P V)

@@ -199,20 +199,9 @@ __device__ __forceinline__ float rf_convert_q(const DecodeArgs& a, const RfCta<N
 #pragma unroll
     for (int sl = 0; sl < NSLAB; ++sl) v[hh][sl] = n < c.m ? __ldg(src + 8 * sl) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int sl = 0; sl < 8; ++sl) {
-      const uint32_t w[4] = {v[hh][sl].x, v[hh][sl].y, v[hh][sl].z, v[hh][sl].w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-        mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
+    for (int sl = 0; sl < 8; ++sl) mx = absmax_bf16x8(v[hh][sl], mx);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if ((t & 31) == 0) c.sQred[t >> 5] = mx;
-  bar_sync(RF_BAR_Q, 128);  // (also: WG0's S of the previous request is done with uQF)
-  mx = fmaxf(fmaxf(c.sQred[0], c.sQred[1]), fmaxf(c.sQred[2], c.sQred[3]));
+  mx = warpgroup_max(mx, c.sQred, t, RF_BAR_Q);  // (its barrier also: WG0's S of the previous request is done with uQF)
   int e = 0;  // max |Q| 2^-E in (2^14, 2^15]
   if (mx > 0.f) {
     const uint32_t u = __float_as_uint(mx);
@@ -377,17 +366,7 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
     }
     mbar_arrive(c.raw_empty(s));  // K, RoPE and the scales of this page are used
     float* smx = c.sMax + par * 4 * NR;
-#pragma unroll
-    for (int k = 0; k < NQ; ++k) {
-      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
-      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
-      mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
-    }
-    if (gq == 0) {
-#pragma unroll
-      for (int j = 0; j < NQ / 2; ++j)
-        *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
-    }
+    column_max_to_smem<NR>(mx, smx, w4, gq, cq);
     bar_sync(RF_BAR_SMAX, 128);
     float al[NQ], muse[NQ];
 #pragma unroll

@@ -103,20 +103,8 @@ __device__ __forceinline__ uint32_t dq2_f16_f32(uint32_t two, float s) {
 __device__ __forceinline__ void convert_q(const CtaPart& c, int t, int parity) {
   mbar_wait(c.bar_qfull, parity);
   float mx = 0.f;
-  for (int g = t; g < TILE / 16; g += 128) {
-    const uint4 v = ld_shared_v4(c.uQ + g * 16);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-      mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if ((t & 31) == 0) c.sQred[t >> 5] = mx;
-  bar_sync(BAR_PRODUCER, 128);
-  mx = fmaxf(fmaxf(c.sQred[0], c.sQred[1]), fmaxf(c.sQred[2], c.sQred[3]));
+  for (int g = t; g < TILE / 16; g += 128) mx = absmax_bf16x8(ld_shared_v4(c.uQ + g * 16), mx);
+  mx = warpgroup_max(mx, c.sQred, t, BAR_PRODUCER);
   const int e = mx > 32768.f ? static_cast<int>(fminf(ceilf(log2f(mx / 32768.f)), 126.f)) : 0;  // (inf: 126)
   const float down = exp2f(static_cast<float>(-e));
   for (int g = t; g < TILE / 16; g += 128) {

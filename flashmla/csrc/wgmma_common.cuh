@@ -137,6 +137,41 @@ __device__ __forceinline__ void store_lse(const DecodeArgs& a, const Work& w, in
   else a.lacc[(int64_t)w.g * m + row] = lse;
 }
 
+// The largest of m and the magnitudes of the 8 bf16 values in v
+__device__ __forceinline__ float absmax_bf16x8(uint4 v, float m) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+    m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+  }
+  return m;
+}
+// The largest m of 128 threads (one warpgroup; named barrier bar, 4 floats of shared memory at red)
+__device__ __forceinline__ float warpgroup_max(float m, float* red, int t, int bar) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((t & 31) == 0) red[t >> 5] = m;
+  bar_sync(bar, 128);
+  return fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+}
+// Swap-AB S^T fragments (m64nNRk16, NR / 4 query columns per thread): each column's max over the warp's 16 keys
+// (lanes gq = 0..7), into mx and, by the gq == 0 lanes, into smx[w4 * NR + column]
+template <int NR>
+__device__ __forceinline__ void column_max_to_smem(float (&mx)[NR / 4], float* smx, int w4, int gq, int cq) {
+#pragma unroll
+  for (int k = 0; k < NR / 4; ++k) {
+    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 4));
+    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 8));
+    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], 16));
+  }
+  if (gq == 0) {
+#pragma unroll
+    for (int j = 0; j < NR / 8; ++j)
+      *reinterpret_cast<float2*>(smx + w4 * NR + 8 * j + 2 * cq) = make_float2(mx[2 * j], mx[2 * j + 1]);
+  }
+}
+
 // One CTA of either wgmma kernel: its shared-memory addresses (the same layout in both), its thread,
 // its 64 query rows and its scheduler part [b0/k0, b1/k1).
 struct CtaPart : Part {
