@@ -111,21 +111,20 @@ def expect_caught(fn, muts):
 
 
 def random_mixes(run, trials, mut, pages, schedules):
-    """run(reqs, seed, mut) over `trials` random request mixes (1-6 requests of random.choice(pages) pages, each
-    bf16 or hi/lo P) and `schedules` interleavings of each; returns the number of runs."""
+    """run(reqs, seed, mut) over page_mixes(..., flags=True): each request (pages, bf16 or hi/lo P); returns the
+    number of runs."""
     n = 0
-    for trial in range(trials):
-        rng = random.Random(trial)
-        reqs = [(rng.choice(pages), rng.random() < 0.5) for _ in range(rng.randint(1, 6))]
-        for sch in range(schedules):
-            run(reqs, trial * 100 + sch, mut); n += 1
+    for reqs, seed in page_mixes(trials, pages, schedules, flags=True):
+        run(reqs, seed, mut); n += 1
     return n
 
 
-def page_mixes(trials, choices, schedules=4):
-    """(reqs, seed) for `trials` random mixes of 1-6 requests of random.choice(choices) pages, `schedules` seeds each."""
+def page_mixes(trials, choices, schedules=4, flags=False):
+    """(reqs, seed) for `trials` random mixes of 1-6 requests of random.choice(choices) pages (with flags: each a
+    (pages, random bool) pair), `schedules` seeds each."""
     for trial in range(trials):
         rng = random.Random(trial)
-        reqs = [rng.choice(choices) for _ in range(rng.randint(1, 6))]
+        n = rng.randint(1, 6)
+        reqs = [(rng.choice(choices), rng.random() < 0.5) if flags else rng.choice(choices) for _ in range(n)]
         for sch in range(schedules):
             yield reqs, trial * 100 + sch
