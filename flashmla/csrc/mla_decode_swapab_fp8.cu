@@ -120,9 +120,6 @@ __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[16], uint64_t da, uin
 __device__ __forceinline__ void sts128(uint32_t addr, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
-__device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
-  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
-}
 // two e4m3 (16 bits) -> two bf16 of value * sc (e4m3 -> f16 is exact; scaled in fp32, rounded once)
 __device__ __forceinline__ uint32_t dq2s(uint32_t two, float sc) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
@@ -210,11 +207,6 @@ struct SabRaw {
   uint2 lo[4], hi[4];  // columns c0.. and c0 + 128.. of token w + 4i
   uint2 sc[4];         // their scales (tiles c0 / 128 and c0 / 128 + 1)
 };
-__device__ __forceinline__ uint2 lds64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
 // Dequantiser dq (of NDQ) takes chunks dq, dq + NDQ, ... of every page; chunk q of the CTA's page it is
 // the producer's (4 it + q)-th, hence its ring slot and phase.
 template <int NR>

@@ -138,14 +138,6 @@ __device__ __forceinline__ float lds32f(uint32_t addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ uint2 lds64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void sts16(uint32_t addr, uint16_t v) {
-  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
-}
 // 2^k as a float from its biased exponent field k << 23 (k in [1, 253])
 __device__ __forceinline__ uint32_t pow2_field_ceil(float x) {  // the least 2^k >= x (x >= 0 finite; 1 for x = 0)
   if (!(x > 0.f)) return 127u << 23;
@@ -154,7 +146,7 @@ __device__ __forceinline__ uint32_t pow2_field_ceil(float x) {  // the least 2^k
   e = e < (1u << 23) ? (1u << 23) : e;
   return e > (253u << 23) ? (253u << 23) : e;
 }
-// query column k = 0..3 of this thread (lane & 3 = cq): row n of the request's 16
+// query column k = 0..NR / 4 - 1 of this thread (lane & 3 = cq): row n of the request's NR
 __device__ __forceinline__ int rf_col(int k, int cq) { return 8 * (k >> 1) + 2 * cq + (k & 1); }
 
 // ---------------------------------------------------------------- producer (one thread)
