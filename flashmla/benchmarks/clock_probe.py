@@ -9,10 +9,11 @@ A case is CACHE:BATCH:SEQLEN:H_Q:S_Q (uniform lengths). Per case, after a check 
 ramp), then a CUDA graph of 20 calls of the custom op replayed back to back (as bench_decode.py times them): one
 warm-up second, then --seconds while nvidia-smi samples every 50 ms, then 60 calls under torch.profiler (after
 an idle moment: those kernel times run at a recovered clock). Prints time, TFLOPS and TB/s (bench_decode.py's
-byte count) per call, the median SM clock / power / temperature, the clock event reasons nvidia-smi reports
-active mid-loop, and each kernel's time. --peer flashinfer does the same for FlashInfer's MLA decode on the same
-inputs (BF16 cases, when flashinfer imports), to compare power and clock at equal work. --eager: host-bound
-eager calls instead (eager_cost). BENCHMARKS.md session 20."""
+byte count; for fp8 cases the FP8 cache's own bytes since session 26) per call, the median SM clock / power /
+temperature, the clock event reasons nvidia-smi reports active mid-loop, and each kernel's time. --peer
+flashinfer does the same for FlashInfer's MLA decode on the same inputs (BF16 cases, when flashinfer imports), to
+compare power and clock at equal work. --eager: host-bound eager calls instead (eager_cost). BENCHMARKS.md
+session 20."""
 from __future__ import annotations
 
 import argparse
@@ -111,7 +112,8 @@ def run_case(spec: str, seconds: float, peer: str | None) -> None:
     if not cos(out) > 1 - 1e-5:
         raise SystemExit(f"{spec}: output disagrees with the reference (cosine {cos(out)})")
     flops = 2 * h_q * s_q * batch * seqlen * (576 + 512)
-    nbytes = 2 * (batch * seqlen * 576 + q.numel() + out.numel())   # bench_decode.py's count (BF16 cache)
+    # bench_decode.py's count: 2 bytes per element of a BF16 cache, 656 per token of an FP8 one
+    nbytes = (656 if fp8 else 2 * 576) * batch * seqlen + 2 * (q.numel() + out.numel())
     sustained(f"{spec} ours", lambda: torch.ops.flashmla.mla_decode(q, cache_t, bt, sl, 512, meta, splits,
                                                                     576 ** -0.5, s_q > 1, fp8),
               seconds, flops, nbytes)
