@@ -29,12 +29,19 @@ def make_inputs(batch: int, seqlens, h_q: int, s_q: int = 1, h_kv: int = 1, d: i
     q = torch.randn(batch, s_q, h_q, d, generator=g, device=device).to(dtype)
     cache_seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     if poison:
-        tok = torch.arange(max_blocks * PAGE_SIZE, device=device).view(1, max_blocks, PAGE_SIZE)
-        dead = tok >= cache_seqlens.view(batch, 1, 1)                  # [batch, max_blocks, 64]
-        page_dead = torch.empty(num_blocks, PAGE_SIZE, dtype=torch.bool, device=device)
-        page_dead[block_table.long().flatten()] = dead.view(-1, PAGE_SIZE)
-        k_cache[page_dead] = float("nan")
+        k_cache[~live_slots(block_table, cache_seqlens, num_blocks)] = float("nan")
     return q, k_cache, block_table, cache_seqlens
+
+
+def live_slots(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """bool [num_blocks, 64]: the cache slots that hold one of its request's keys (a slot of a page that no
+    request's table names is not live; a page named by several requests is live where any of them reaches)."""
+    max_blocks = block_table.shape[1]
+    tok = torch.arange(max_blocks * PAGE_SIZE, device=block_table.device).view(1, max_blocks, PAGE_SIZE)
+    live = (tok < cache_seqlens.view(-1, 1, 1).to(block_table.device)).view(-1, PAGE_SIZE)
+    slots = torch.zeros(num_blocks, PAGE_SIZE, dtype=torch.int32, device=block_table.device)
+    slots.index_add_(0, block_table.long().flatten(), live.int())
+    return slots > 0
 
 
 def wide_tile_cache(k_cache: torch.Tensor, seed: int) -> torch.Tensor:
@@ -65,11 +72,7 @@ def rf_values(k_fp8: torch.Tensor, block_table: torch.Tensor, cache_seqlens: tor
     0 past each request's length."""
     from .quant import split_kvcache
     e, s, _ = split_kvcache(k_fp8)  # [nb, 64, h, 512], [nb, 64, h, 4]
-    nb, page = k_fp8.shape[0], k_fp8.shape[1]
-    live = torch.zeros(nb, page, dtype=torch.bool, device=k_fp8.device)
-    tok = torch.arange(block_table.shape[1] * page, device=k_fp8.device).view(-1, page)
-    for b, L in enumerate(cache_seqlens.tolist()):
-        live[block_table[b].long()] = tok < L
+    live = live_slots(block_table.to(k_fp8.device), cache_seqlens, k_fp8.shape[0])
     sc = torch.where(live[:, :, None, None], s, torch.zeros_like(s))
     mx = sc.amax(dim=1, keepdim=True)
     mant, ex = torch.frexp(mx)  # mx = mant * 2^ex, mant in [0.5, 1)
