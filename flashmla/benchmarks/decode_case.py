@@ -1,0 +1,37 @@
+"""One decode call on built-in random data, checked against the reference: the unit a sanitizer run instruments
+(`compute-sanitizer --tool racecheck python3 flashmla/benchmarks/decode_case.py --h-q 33 --s-q 3 --causal`).
+The kernel is the launcher's choice (FLASHMLA_KERNEL and the other switches apply). Exit status 1 when the
+output misses the tests' tolerances."""
+import argparse
+import sys
+
+import torch
+
+import flashmla
+from flashmla.testing import make_inputs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--h-q", type=int, default=64)
+    ap.add_argument("--s-q", type=int, default=1)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--lens", default="0,1,2,3,64,65,300,5000,0,17", help="keys per request, comma-separated")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda", help="cpu: the reference path against itself (a check of this script)")
+    args = ap.parse_args()
+    lens = [int(x) for x in args.lens.split(",")]
+    q, kc, bt, sl = make_inputs(len(lens), lens, args.h_q, args.s_q, device=args.device, seed=args.seed)
+    meta, splits = flashmla.get_mla_metadata(sl, args.s_q * args.h_q, 1)
+    out, lse = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=args.causal)
+    ro, rl = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=args.causal)
+    err = (out.float() - ro.float()).abs().max().item()
+    ok = torch.allclose(out.float(), ro.float(), atol=8e-4, rtol=2e-2) and \
+        torch.equal(torch.isinf(lse), torch.isinf(rl))
+    print(f"h_q {args.h_q} s_q {args.s_q} causal {args.causal} lens {lens}: max |out - ref| {err:.2e}, "
+          f"{'ok' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
