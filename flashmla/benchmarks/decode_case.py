@@ -16,19 +16,25 @@ def main():
     ap.add_argument("--h-q", type=int, default=64)
     ap.add_argument("--s-q", type=int, default=1)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--lens", default="0,1,2,3,64,65,300,5000,0,17", help="keys per request, comma-separated")
+    ap.add_argument("--lens", default="0,1,2,3,64,65,300,5000,0,17",
+                    help="keys per request, comma-separated; NxL: N requests of L keys")
+    ap.add_argument("--fp8", action="store_true", help="the FP8 cache (checked against the bf16-dequantised cache)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda", help="cpu: the reference path against itself (a check of this script)")
     args = ap.parse_args()
-    lens = [int(x) for x in args.lens.split(",")]
+    lens = [int(x) for x in args.lens.split(",")] if "x" not in args.lens else \
+        [int(args.lens.split("x")[1])] * int(args.lens.split("x")[0])
     q, kc, bt, sl = make_inputs(len(lens), lens, args.h_q, args.s_q, device=args.device, seed=args.seed)
+    cache = flashmla.quantize_kvcache(kc) if args.fp8 else kc
     meta, splits = flashmla.get_mla_metadata(sl, args.s_q * args.h_q, 1)
-    out, lse = flashmla.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta, splits, causal=args.causal)
-    ro, rl = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=args.causal)
+    out, lse = flashmla.flash_mla_with_kvcache(q, cache, bt, sl, 512, meta, splits, causal=args.causal,
+                                               is_fp8_kvcache=args.fp8)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(cache) if args.fp8 else kc, bt, sl, 512,
+                                     causal=args.causal)
     err = (out.float() - ro.float()).abs().max().item()
     ok = torch.allclose(out.float(), ro.float(), atol=8e-4, rtol=2e-2) and \
         torch.equal(torch.isinf(lse), torch.isinf(rl))
-    print(f"h_q {args.h_q} s_q {args.s_q} causal {args.causal} lens {lens}: max |out - ref| {err:.2e}, "
+    print(f"h_q {args.h_q} s_q {args.s_q} causal {args.causal} fp8 {args.fp8} lens {args.lens}: max |out - ref| {err:.2e}, "
           f"{'ok' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 

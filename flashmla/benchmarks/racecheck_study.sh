@@ -11,10 +11,15 @@ for m in 0 1 2 4 5 6 3; do
   timeout 30 compute-sanitizer --tool racecheck --print-limit 2 /tmp/rcp $m 2>&1 | grep -E "mode|Race reported|SUMMARY" | cut -c1-160
 done | tee "$log"
 python3 -m pip install -q --no-build-isolation --no-deps ./flashmla > "$OUT/build.log" 2>&1 || tail -20 "$OUT/build.log"
-for c in "33 3 --causal" "33 3" "33 1" "64 1" "64 2 --causal" "100 1" "128 1" "128 4 --causal" "7 2"; do
+# the test's lengths (10 requests: at 14 rows one page per CTA, at 99 rows up to two), then, at 64 rows, CTAs of
+# exactly 1, 2 and 3 pages of one request (132 x 64, 128, 192 keys), 2 requests of 2 pages (264 x 128), 4 of one
+# page (400 x 64), 8 pages of one (32 x 2048), the latter two-tile causal and FP8 too
+for c in "33 3 --causal" "33 3" "7 2" "64 1 --lens 132x64" "64 1 --lens 132x128" "64 1 --lens 132x192" \
+         "64 1 --lens 264x128" "64 1 --lens 400x64" "64 1 --lens 32x2048" "33 3 --causal --lens 32x2048" \
+         "64 1 --fp8 --lens 32x2048"; do
   set -- $c
   FLASHMLA_KERNEL=wgmma timeout 60 compute-sanitizer --tool racecheck --kernel-name kns=mla --print-limit 4 \
-    python3 flashmla/benchmarks/decode_case.py --h-q $1 --s-q $2 $3 2>&1 \
+    python3 flashmla/benchmarks/decode_case.py --h-q $1 --s-q $2 "${@:3}" 2>&1 \
     | grep -E "^h_q|Race reported|SUMMARY" | sed -E 's/flashmla::<unnamed>::run_consumers<([^>]*)>.*(wgmma_common.cuh:[0-9]+).*/run_consumers<\1> \2/' \
     | cut -c1-160
 done | tee -a "$log"
