@@ -34,8 +34,8 @@ def main():
     err = (out.float() - ro.float()).abs().max().item()
     ok = torch.allclose(out.float(), ro.float(), atol=8e-4, rtol=2e-2) and \
         torch.equal(torch.isinf(lse), torch.isinf(rl))
-    print(f"h_q {args.h_q} s_q {args.s_q} causal {args.causal} fp8 {args.fp8} lens {args.lens}: max |out - ref| {err:.2e}, "
-          f"{'ok' if ok else 'MISMATCH'}")
+    print(f"h_q {args.h_q} s_q {args.s_q} causal {args.causal} fp8 {args.fp8} lens {args.lens}: "
+          f"max |out - ref| {err:.2e}, {'ok' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 
 
