@@ -3,8 +3,9 @@
 # in test_odd_heads_mtp_and_short_requests[*-33-3-True] only), one device call from the repository root:
 #   bash flashmla/benchmarks/racecheck_study.sh OUTDIR
 # 1. racecheck_pattern.cu, modes 0-6 (the kernel's ordering in isolation, a TMA tensor copy included; mode 3 is a
-#    real race, the positive control); 2. single decode calls (decode_case.py) under FLASHMLA_KERNEL=wgmma over
-#    h_q x s_q x causal, so that the shape that triggers the reports can be named. Writes OUTDIR/racecheck_study.log.
+#    real race, the positive control); 2. single decode calls (decode_case.py) under FLASHMLA_KERNEL=wgmma, shapes
+#    chosen by the pages and requests each CTA gets, so that what triggers the reports can be named.
+#    Writes OUTDIR/racecheck_study.log.
 OUT=$1; mkdir -p "$OUT"; log=$OUT/racecheck_study.log
 nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -I flashmla/csrc -o /tmp/rcp flashmla/benchmarks/racecheck_pattern.cu
 for m in 0 1 2 4 5 6 3; do
