@@ -8,7 +8,7 @@ import torch
 
 import flashmla
 from flashmla import ref
-from flashmla.testing import f16_dequantized, make_inputs, rf_values, wide_tile_cache
+from flashmla.testing import f16_dequantized, fp8_reference, make_inputs, rf_reference, wide_tile_cache
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -127,21 +127,6 @@ def run(q, kc, bt, sl, causal=False, fp8=False):
 
 
 RF_MAX_ROWS = 32  # the register-fed swap-AB FP8 kernel's rows (16- and 32-row instantiations)
-
-
-def fp8_reference(q, k8, bt, sl, causal=False):
-    """The oracle of the FP8 kernel that ran last: for the register-fed swap-AB kernel the reference with K from
-    the float32-dequantised cache (exact e4m3 values, K's scales applied in fp32) and V as it forms it
-    (flashmla.testing.rf_values: f16 products relative to each page's largest scale); for the others, the
-    reference on the bf16-dequantised cache (what they compute)."""
-    if flashmla.api._C.last_kernel() == "swapab_rf":
-        return rf_reference(q, k8, bt, sl, causal)
-    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8), bt, sl, 512, causal=causal)
-
-
-def rf_reference(q, k8, bt, sl, causal):
-    return flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=causal,
-                                   v_cache=rf_values(k8, bt, sl))
 
 
 @pytest.mark.parametrize("ovh", [None, 0, 2, 8, 255])
@@ -623,8 +608,8 @@ def test_fp8_swapab_l2_prefetch_settings_agree(rf, monkeypatch):
 
 # ---- the swap-AB FP8 kernel with register-fed consumers (mla_decode_swapab_rf.cu; 1..32 rows, the default there;
 # FLASHMLA_SWAPAB_RF=0 runs the bf16-stage kernel). It is exact in the e4m3 values and applies K's scales in fp32,
-# V's in f16 relative to each page's largest: its oracle (rf_reference) takes K from the float32-dequantised cache
-# and V from flashmla.testing.rf_values.
+# V's in f16 relative to each page's largest: its oracle (flashmla.testing.rf_reference) takes K from the
+# float32-dequantised cache and V from flashmla.testing.rf_values.
 
 
 def rf_env(monkeypatch, kernel="swapab"):

@@ -83,6 +83,26 @@ def rf_values(k_fp8: torch.Tensor, block_table: torch.Tensor, cache_seqlens: tor
     return torch.where(live[:, :, None, None], v, torch.zeros_like(v))
 
 
+def rf_reference(q, k_fp8, block_table, cache_seqlens, causal=False):
+    """The register-fed swap-AB kernel's oracle: the reference with K from the float32-dequantised cache (exact
+    e4m3 values, K's scales applied in fp32) and V as the kernel forms it (rf_values)."""
+    from .quant import dequantize_kvcache
+    from .ref import mla_decode_ref
+    return mla_decode_ref(q, dequantize_kvcache(k_fp8, torch.float32), block_table, cache_seqlens, 512,
+                          causal=causal, v_cache=rf_values(k_fp8, block_table, cache_seqlens))
+
+
+def fp8_reference(q, k_fp8, block_table, cache_seqlens, causal=False):
+    """The oracle of the FP8 kernel that ran last: rf_reference for the register-fed swap-AB kernel; for the others,
+    the reference on the bf16-dequantised cache (what they compute)."""
+    from .api import _C
+    from .quant import dequantize_kvcache
+    from .ref import mla_decode_ref
+    if _C is not None and _C.last_kernel() == "swapab_rf":
+        return rf_reference(q, k_fp8, block_table, cache_seqlens, causal)
+    return mla_decode_ref(q, dequantize_kvcache(k_fp8), block_table, cache_seqlens, 512, causal=causal)
+
+
 def f16_dequantized(k_fp8: torch.Tensor) -> torch.Tensor:
     """The FP8 cache exactly as the f16 consumers see it (float32 [..., 576]): NoPE by f16_nope, RoPE as is; the
     oracle of FLASHMLA_FP8_F16=1."""
