@@ -4,8 +4,8 @@
 # B is the working tree, built and installed as usual; A is the same tree with csrc/<basename of A_SOURCE>
 # replaced by A_SOURCE (e.g. a copy of the file before the change, kept outside csrc/), installed into /tmp/A.
 # Runs B's swap-AB and auto GPU tests (TESTK overrides the -k expression), then bench_decode.py with the given
-# arguments under A, B, A, B (2 rounds; --no-peers --rounds 2 --fp8 --fp8-only --kernels auto are set here) and
-# prints each FP8 table's rows. Used in session 25 (BENCHMARKS.md).
+# arguments under A, B, A, B (2 rounds; BENCH_FIXED, by default --no-peers --rounds 2 --fp8 --fp8-only --kernels auto,
+# is set here) and prints each table's rows. Used in sessions 25 and 28 (BENCHMARKS.md).
 set -u
 OUT=$1 A_SRC=$2; shift 2
 python3 -m pip install -q --no-build-isolation --no-deps ./flashmla > "$OUT/build_B.log" 2>&1 || { tail -30 "$OUT/build_B.log"; exit 1; }
@@ -18,7 +18,7 @@ timeout 200 python3 -m pytest flashmla/tests/test_kernel_gpu.py -m gpu -q -p no:
 echo "tests B rc=$? $(tail -1 "$OUT/tests_B.log")"; grep -E "^(FAILED|E  )" "$OUT/tests_B.log" | head -10
 for r in 1 2; do for v in A B; do
   if [ $v = A ]; then export PYTHONPATH=/tmp/A; else unset PYTHONPATH; fi
-  timeout 150 python3 flashmla/benchmarks/bench_decode.py --no-peers --rounds 2 --fp8 --fp8-only --kernels auto "$@" \
+  timeout 150 python3 flashmla/benchmarks/bench_decode.py ${BENCH_FIXED:---no-peers --rounds 2 --fp8 --fp8-only --kernels auto} "$@" \
     > "$OUT/bench_${v}_$r.log" 2>&1
   echo "== $v round $r rc=$?"; grep -E "^ +[0-9]" "$OUT/bench_${v}_$r.log"
 done; done

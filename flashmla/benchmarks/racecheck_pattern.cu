@@ -10,9 +10,14 @@
 // mode 4: as 2, with the writer arriving on "empty" too (64 arrivals), as both consumer warpgroups do in the kernel;
 // mode 5: as 4, the producer's load a 2-D tensor-map TMA copy (cp.async.bulk.tensor, as the kernel's pages);
 // mode 6: as 5, the producer warp's other lanes returning at the start (the kernel's producer warpgroup does);
-// mode 3: the refill waits for nothing (a real race: racecheck must report it).
-// Each round's hand-over uses a named barrier of its own (ids 1..8; mode 0's refill barriers 9..14), so that a writer
-// running ahead (mode 3) never arrives twice on one barrier.
+// mode 3: the refill waits for nothing (a real race: racecheck must report it);
+// mode 7: as 5, with the kernel's barrier ids: the hand-over alternates between two ids by round parity (P_FULL0 = 1,
+//   P_FULL1 = 4), the reader arrives on a third (P_EMPTY = 2) after each round and the writer syncs on it before each
+//   round but the first and once at the end (the kernel's short, hi/lo requests); then one more slot (1/l) handed over
+//   on id 3 (EPI0);
+// mode 8: as 7 without P_EMPTY (the kernel's long requests).
+// Modes 0-6 give each round's hand-over a named barrier of its own (ids 1..8; mode 0's refill barriers 9..14), so
+// that a writer running ahead (mode 3) never arrives twice on one barrier.
 #include <cstdio>
 #include "wgmma_common.cuh"
 
@@ -20,7 +25,7 @@ using namespace flashmla;
 constexpr int ROUNDS = 8;
 
 __global__ void pattern(int mode, const float* src, float* out, const __grid_constant__ CUtensorMap map) {
-  __shared__ float slot[2][32];
+  __shared__ float slot[2][32], inv[32];
   __shared__ alignas(128) float landing[2][32];
   __shared__ alignas(8) uint64_t full[2], empty[2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -34,18 +39,21 @@ __global__ void pattern(int mode, const float* src, float* out, const __grid_con
   __syncthreads();
   if (mode == 6 && warp == 2 && lane != 0) return;
   float acc = 0.f;
+  const bool kernel_ids = mode >= 7, p_empty = mode == 7;
   for (int i = 0; i < ROUNDS; ++i) {
-    const int s = i & 1;
+    const int s = i & 1, hand_over = kernel_ids ? (s ? 4 : 1) : 1 + i;
     if (warp == 0) {  // writer
       if (mode == 0 && i >= 2) bar_sync(7 + i, 64);
       const bool chain = mode == 1 || mode == 2 || mode >= 4;
       if (chain && i >= 2) mbar_wait(uFull + 8 * s, ((i >> 1) - 1) & 1);
+      if (p_empty && i >= 1) bar_sync(2, 64);
       slot[s][lane] = static_cast<float>(i + lane);
-      bar_arrive(1 + i, 64);
+      bar_arrive(hand_over, 64);
       if (mode >= 4) mbar_arrive(uEmpty + 8 * s);
     } else if (warp == 1) {  // reader
-      bar_sync(1 + i, 64);
+      bar_sync(hand_over, 64);
       acc += slot[s][lane];
+      if (p_empty) bar_arrive(2, 64);
       if (mode == 0 && i + 2 < ROUNDS) bar_arrive(9 + i, 64);
       if (mode == 1 || mode == 2 || mode >= 4) mbar_arrive(uEmpty + 8 * s);
     } else if (lane == 0 && (mode == 1 || mode == 2 || mode >= 4) && i + 2 < ROUNDS) {  // producer: releases round i + 2
@@ -60,6 +68,14 @@ __global__ void pattern(int mode, const float* src, float* out, const __grid_con
         tma_load_2d(uLand + 128 * s, &map, 0, i & 3, uFull + 8 * s);
       }
     }
+  }
+  if (kernel_ids && warp == 0) {
+    if (p_empty) bar_sync(2, 64);
+    inv[lane] = 1.f;
+    bar_arrive(3, 64);
+  } else if (kernel_ids && warp == 1) {
+    bar_sync(3, 64);
+    acc *= inv[lane];
   }
   if (warp == 1) out[lane] = acc;
 }

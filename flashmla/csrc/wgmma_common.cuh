@@ -23,16 +23,18 @@ constexpr int TILE = NSLAB * SLAB;       // 73728 bytes
 constexpr int BM = 64, NTHREADS = 384;
 constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OFF_PLO + SLAB;
 // misc: 6 mbarriers (full[2], empty[2], q_full, q_empty; the FP8 kernel adds raw_full[2]), alpha[2][64], inv[2][64],
-// then 64 bytes for the FP8 kernel's f16 consumers: q_ready (mbarrier), Q's scale 2^E, 4 floats of scratch
+// then 64 bytes: the FP8 kernel's f16 consumers' q_ready (mbarrier), Q's scale 2^E and 4 floats of scratch, and the
+// p_empty mbarrier
 constexpr int MISC = 64 + 4 * 64 * 4 + 64;
 constexpr int OFF_RAW_FULL = 48;  // FP8 kernel: raw_full[2] mbarriers at uBar + 48, + 56 (after the 6 above)
 constexpr int OFF_QREADY = 64 + 4 * 64 * 4, OFF_QMUL = OFF_QREADY + 8, OFF_QRED = OFF_QREADY + 16;
+constexpr int OFF_PEMPTY = OFF_QRED + 16;
 constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
 // named barriers (0 is __syncthreads); P_FULL alternates by page parity so that WG1 can arrive for
 // page t+1 before WG2 has synced on page t, EPI by request parity likewise; WG1_ONLY orders WG1's
 // own P stores before its P V
-constexpr int BAR_P_FULL0 = 1, BAR_P_EMPTY = 2, BAR_EPI0 = 3, BAR_P_FULL1 = 4, BAR_WG1_ONLY = 5, BAR_EPI1 = 6;
+constexpr int BAR_P_FULL0 = 1, BAR_EPI0 = 3, BAR_P_FULL1 = 4, BAR_WG1_ONLY = 5, BAR_EPI1 = 6;
 __device__ __forceinline__ int bar_p_full(int page) { return page & 1 ? BAR_P_FULL1 : BAR_P_FULL0; }
 __device__ __forceinline__ int bar_epi(int req) { return req & 1 ? BAR_EPI1 : BAR_EPI0; }
 
@@ -183,7 +185,7 @@ __device__ __forceinline__ void column_max_to_smem(float (&mx)[NR / 4], float* s
 // One CTA of either wgmma kernel: its shared-memory addresses (the same layout in both), its thread,
 // its 64 query rows and its scheduler part [b0/k0, b1/k1).
 struct CtaPart : Part {
-  uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty, bar_qready;
+  uint32_t uQ, uK, uPlo, uBar, bar_qfull, bar_qempty, bar_qready, bar_pempty;
   float* sQmul;   // f16 consumers: 2^E, Q's NoPE and RoPE parts were scaled by 2^-E (producer -> WG1)
   float* sQred;   // [4] f16 consumers: the producer warps' maxima of |Q|
   float* sAlpha;  // [2][64] row rescale factors by parity of the page (WG1 -> WG2)
@@ -202,7 +204,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
   c.bar_qfull = c.uBar + 32, c.bar_qempty = c.uBar + 40;
   c.sAlpha = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + 64);
   c.sInv = c.sAlpha + 2 * BM;
-  c.bar_qready = c.uBar + OFF_QREADY;
+  c.bar_qready = c.uBar + OFF_QREADY, c.bar_pempty = c.uBar + OFF_PEMPTY;
   c.sQmul = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + OFF_QMUL);
   c.sQred = reinterpret_cast<float*>(smem_raw + (base - raw) + OFF_MISC + OFF_QRED);
   c.tid = threadIdx.x, c.wg = c.tid >> 7, c.t = c.tid & 127;
@@ -220,6 +222,7 @@ __device__ __forceinline__ bool begin_cta(const DecodeArgs& a, uint8_t* smem_raw
       mbar_init(c.uBar + OFF_RAW_FULL + 8, 1);
     }
     if (q_ready) mbar_init(c.bar_qready, 128);  // f16 consumers: the producer warpgroup converted Q
+    mbar_init(c.bar_pempty, 128);               // WG2 after its P V of a hi/lo page (P_lo is free)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     fence_async_smem();
   }
@@ -398,7 +401,9 @@ __device__ __forceinline__ void store_row(const DecodeArgs& a, const Work& w, in
 // V rows past a request's length in its last page (the BF16 kernel's TMA copies them raw; the FP8
 // kernel's dequantising warps write zeros there themselves). W1: the O columns of WG1 (above).
 // Hand-over per page (WG1 never waits for WG2): P_hi lives in the page's own stage (RoPE slab), alpha in a buffer per page
-// parity, so only P_lo needs WG2 to be done before WG1 overwrites it (P_EMPTY, hi/lo pages only).
+// parity, so only P_lo needs WG2 to be done before WG1 overwrites it (the p_empty mbarrier, hi/lo pages only:
+// WG2 arrives after each, WG1 waits before each but the CTA's first; WG2 is never two arrivals ahead, as its
+// next one follows WG1's publishing of a page that came after the wait).
 // F16 (FP8 kernel, FLASHMLA_FP8_F16=1): Q's NoPE part, the dequantised K = V and P are f16; WG1 waits for
 // q_ready (the producer's conversion of Q, scaled by 2^-E) instead of q_full, and scales S by 2^E.
 template <bool ZERO_TAIL, int W1, bool F16 = false>
@@ -481,7 +486,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           rescale_if_moved(o, al);
           issue_pv_page<LO, F16>(o, stage(it), COL0 / 64, uPlo);
           wait_pv(o);
-          if (LO) bar_arrive(BAR_P_EMPTY, 256);
+          if (LO) mbar_arrive(c.bar_pempty);
           // the last page's stage is released after the epilogue has read 1/l (below): that keeps WG1,
           // which never waits for WG2, less than two requests ahead (EPI barriers and 1/l by parity)
           if (blk + 1 < w.kend) mbar_arrive(uBar + 16 + 8 * (it & 1));
@@ -497,7 +502,7 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
           if (blk == w.kend - 1) mbar_arrive(bar_qempty);
           softmax(blk, sacc, al, muse);
           zero_tail(blk, uKs);
-          if (LO && lo_pages > 0) bar_sync(BAR_P_EMPTY, 256);  // WG2 is done with P_lo of the last hi/lo page
+          if (LO && lo_pages > 0) mbar_wait(c.bar_pempty, (lo_pages - 1) & 1);  // WG2 is done with the last P_lo
           lo_pages += LO;
           write_p_planes<LO, F16>(uKs + 8 * SLAB, uPlo, sacc, muse, r_loc, cq, lrow);
           publish(it, al);
@@ -544,8 +549,6 @@ __device__ __forceinline__ void run_consumers(const DecodeArgs& a, const CtaPart
       else body(std::false_type{}, WG2{});
     }
   }
-  // balance the barrier: WG2 arrived on P_EMPTY after every hi/lo page, WG1 synced before all but the first
-  if (c.wg == 1 && lo_pages > 0) bar_sync(BAR_P_EMPTY, 256);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
