@@ -3,7 +3,7 @@
 // reads; the writer may refill the slot two rounds later only after the reader's mbarrier arrival on "empty" has
 // let a producer thread arrive on "full" (in the kernel: the producer's TMA load of the next page into that stage).
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -I flashmla/csrc -o /tmp/rcp flashmla/benchmarks/racecheck_pattern.cu
-//   for m in 0 1 2 4 5 6 3; do compute-sanitizer --tool racecheck /tmp/rcp $m; done
+//   for m in 0 1 2 4 5 6 7 8 3; do compute-sanitizer --tool racecheck /tmp/rcp $m; done
 // mode 0: the writer's refill waits on a second named barrier the reader arrives on (control, race-free);
 // mode 1: the refill waits on "full", which the producer arrives on after the reader's "empty" (the kernel's chain);
 // mode 2: as 1, the producer's arrival an arrive.expect_tx completed by a bulk copy (the kernel's TMA);
@@ -11,11 +11,11 @@
 // mode 5: as 4, the producer's load a 2-D tensor-map TMA copy (cp.async.bulk.tensor, as the kernel's pages);
 // mode 6: as 5, the producer warp's other lanes returning at the start (the kernel's producer warpgroup does);
 // mode 3: the refill waits for nothing (a real race: racecheck must report it);
-// mode 7: as 5, with the kernel's barrier ids: the hand-over alternates between two ids by round parity (P_FULL0 = 1,
-//   P_FULL1 = 4), the reader arrives on a third (P_EMPTY = 2) after each round and the writer syncs on it before each
-//   round but the first and once at the end (the kernel's short, hi/lo requests); then one more slot (1/l) handed over
-//   on id 3 (EPI0);
-// mode 8: as 7 without P_EMPTY (the kernel's long requests).
+// mode 7: as 5, with the kernel's named barriers before session 28: the hand-over alternates between two ids by
+//   round parity (P_FULL0 = 1, P_FULL1 = 4), the reader arrives on a third (P_EMPTY = 2) after each round and the
+//   writer syncs on it before each round but the first and once at the end (the kernel's short, hi/lo requests);
+//   then one more slot (1/l) handed over on id 3 (EPI0);
+// mode 8: as 7 without P_EMPTY (its long requests). Session 28 replaced P_EMPTY by an mbarrier.
 // Modes 0-6 give each round's hand-over a named barrier of its own (ids 1..8; mode 0's refill barriers 9..14), so
 // that a writer running ahead (mode 3) never arrives twice on one barrier.
 #include <cstdio>

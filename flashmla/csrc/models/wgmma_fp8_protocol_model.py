@@ -33,9 +33,9 @@ def run(reqs, seed, mut=None, f16=False):
     empty_count = 128 if mut == "empty_count_128" else 256
     mb = {**{f"full{i}": MBar(full_count) for i in range(2)}, **{f"empty{i}": MBar(empty_count) for i in range(2)},
           **{f"raw{i}": MBar(1) for i in range(2)}, "qfull": MBar(1), "qempty": MBar(128),
-          "qready": MBar(127 if mut == "qready_count_127" else 128)}
+          "qready": MBar(127 if mut == "qready_count_127" else 128), "pempty": MBar(128)}
     qparts = [f"Q.{n}" for n, _ in SHARES] if f16 else ["Q"]  # f16: each share converts its part of Q
-    nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
+    nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "EPI0", "EPI1")}
     nb["PROD"] = NBar("PROD", parties=len(SHARES))
 
     def dequant(name, weight, s, it):  # one share's part of page it in stage s (after its empty wait)
@@ -113,7 +113,7 @@ def run(reqs, seed, mut=None, f16=False):
                 for b, v in rd: yield ("rbeg", b, v)
                 for b, v in rd: yield ("rend", b, v)
                 if j == npg - 1: yield ("arrive", "qempty", 128)
-                if lo and lo_pages > 0: yield ("nsync", "PEMPTY")
+                if lo and lo_pages > 0: yield ("wait", "pempty", (lo_pages - 1) & 1)
                 lo_pages += lo
                 if lo: yield ("write", "Plo", ("P", it))
                 yield ("write", f"H{s}", ("P", it)); yield ("write", f"A{s}", ("A", it))
@@ -124,7 +124,6 @@ def run(reqs, seed, mut=None, f16=False):
             if npg:
                 yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", f"EPI{rq & 1}")
             rq += npg > 0
-        if lo_pages > 0: yield ("nsync", "PEMPTY")
 
     def wg2():
         it = rq = 0
@@ -136,7 +135,7 @@ def run(reqs, seed, mut=None, f16=False):
                 yield ("rbeg", f"A{s}", ("A", it)); yield ("rend", f"A{s}", ("A", it))
                 for b, v in page_reads(s, it, "PV", lo): yield ("rbeg", b, v)
                 for b, v in page_reads(s, it, "PV", lo): yield ("rend", b, v)
-                if lo: yield ("narrive", "PEMPTY")
+                if lo: yield ("arrive", "pempty", 128)
                 if j < npg - 1: yield ("arrive", f"empty{s}", 128)
                 it += 1
             if npg:  # 1/l first, then the last page's stage is released

@@ -6,7 +6,9 @@ one actor), TMA copies that land at random later times. Over random request mixe
 and random interleavings it checks: no deadlock, every read sees the version it expects from its
 start to its end (read-after-write and write-after-read races on the Q tile, the K stages, the P
 planes, the row scales and 1/l), and no named barrier gets a second arrival from the same side.
-Both P precisions (bf16 P: no P_EMPTY; hi/lo P: P_EMPTY guards the one P_lo plane). A model, not the
+Both P precisions (bf16 P: no p_empty; hi/lo P: the p_empty mbarrier guards the one P_lo plane: WG2
+arrives after each hi/lo page, WG1 waits for the previous one's arrival, by parity, before it writes P_lo;
+a WG2 two arrivals ahead would make that wait hang, which the model reports as a deadlock). A model, not the
 kernel: it proves the protocol, not the PTX. `--mutants` breaks one order or buffer at a time and
 asserts the model catches each. ~5 s:
 
@@ -20,8 +22,8 @@ from sim import MBar, NBar, bf16_producer, expect_caught, random_mixes, simulate
 def run(reqs, seed, mut=None):
     rnd = random.Random(seed)
     mb = {**{f"full{i}": MBar(1) for i in range(2)}, **{f"empty{i}": MBar(2) for i in range(2)},
-          "qfull": MBar(1), "qempty": MBar(1)}
-    nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "PEMPTY", "EPI0", "EPI1")}
+          "qfull": MBar(1), "qempty": MBar(1), "pempty": MBar(1)}
+    nb = {k: NBar(k) for k in ("PFULL0", "PFULL1", "EPI0", "EPI1")}
     def wg1():
         it = qn = rq = lo_pages = 0
         def s_reads(it, r):  # S of page it: Q, the K slabs and the RoPE slab H of its stage
@@ -47,7 +49,7 @@ def run(reqs, seed, mut=None):
                     sr.insert(3, ("write", f"H{s}", ("P", it)))
                 yield from sr
                 if j == npg - 1: yield ("arrive", "qempty")
-                if lo and lo_pages > 0 and mut != "no_p_empty": yield ("nsync", "PEMPTY")
+                if lo and lo_pages > 0 and mut != "no_p_empty": yield ("wait", "pempty", (lo_pages - 1) & 1)
                 lo_pages += lo
                 yield from p_writes(it, lo); yield ("narrive", f"PFULL{s}")
                 yield from pv_reads(it, lo)
@@ -55,7 +57,6 @@ def run(reqs, seed, mut=None):
             if npg:
                 yield ("write", f"I{rq & 1}", ("I", r)); yield ("narrive", f"EPI{rq & 1}")
             rq += npg > 0
-        if lo_pages > 0 and mut != "no_p_empty": yield ("nsync", "PEMPTY")
     def wg2():
         it = rq = 0
         for r, (npg, lo) in enumerate(reqs):
@@ -67,7 +68,7 @@ def run(reqs, seed, mut=None):
                 bufs = [(f"K{s}", ("K", it)), (f"H{s}", ("P", it))] + ([("Plo", ("P", it))] if lo else [])
                 for b, v in bufs: yield ("rbeg", b, v)
                 for b, v in bufs: yield ("rend", b, v)
-                if lo and mut != "no_p_empty": yield ("narrive", "PEMPTY")
+                if lo and mut != "no_p_empty": yield ("arrive", "pempty")
                 if j < npg - 1 or mut == "epi_release_early": yield ("arrive", f"empty{s}")
                 it += 1
             if npg:  # 1/l first, then the last page's stage is released (keeps WG1 < 2 requests ahead)
