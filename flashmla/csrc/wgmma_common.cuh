@@ -28,7 +28,8 @@ constexpr int OFF_Q = 0, OFF_K = TILE, OFF_PLO = OFF_K + 2 * TILE, OFF_MISC = OF
 constexpr int MISC = 64 + 4 * 64 * 4 + 64;
 constexpr int OFF_RAW_FULL = 48;  // FP8 kernel: raw_full[2] mbarriers at uBar + 48, + 56 (after the 6 above)
 constexpr int OFF_QREADY = 64 + 4 * 64 * 4, OFF_QMUL = OFF_QREADY + 8, OFF_QRED = OFF_QREADY + 16;
-constexpr int OFF_PEMPTY = OFF_QRED + 16;
+constexpr int OFF_PEMPTY = OFF_QRED + 16;  // after the 4 floats of sQred
+static_assert(OFF_PEMPTY % 8 == 0 && OFF_PEMPTY + 8 <= MISC, "p_empty must fit the misc area, 8-aligned");
 constexpr int SMEM = OFF_MISC + MISC + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 232448, "shared memory over the sm_90 limit");
 // named barriers (0 is __syncthreads); P_FULL alternates by page parity so that WG1 can arrive for
