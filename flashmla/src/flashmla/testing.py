@@ -1,4 +1,4 @@
-"""Shared input generator for tests, benchmarks and `python -m flashmla`."""
+"""Shared input generator, oracles and output check for tests, benchmarks and `python -m flashmla`."""
 from __future__ import annotations
 
 import torch
@@ -31,6 +31,23 @@ def make_inputs(batch: int, seqlens, h_q: int, s_q: int = 1, h_kv: int = 1, d: i
     if poison:
         k_cache[~live_slots(block_table, cache_seqlens, num_blocks)] = float("nan")
     return q, k_cache, block_table, cache_seqlens
+
+
+def check_decode(out, lse, ro, rl):
+    """Asserts the issue's tolerances of a decode (out, lse) against its reference (ro, rl): out within 8e-4 abs +
+    2e-2 rel of the fp32 reference, cosine similarity > 1 - 1e-5, lse within 1e-5 relative (abs floor 1e-5), same
+    inf/NaN patterns."""
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    o = out.float()
+    assert torch.equal(torch.isnan(o), torch.isnan(ro)) and torch.equal(torch.isinf(lse), torch.isinf(rl))
+    assert torch.equal(torch.isposinf(lse), torch.isposinf(rl))
+    torch.testing.assert_close(o, ro, atol=8e-4, rtol=2e-2)
+    if ro.abs().sum() > 0:
+        cos = torch.nn.functional.cosine_similarity(o.flatten().double(), ro.flatten().double(), dim=0)
+        assert cos > 1 - 1e-5, f"cosine {cos.item()}"
+    fin = torch.isfinite(rl)
+    err = (lse[fin] - rl[fin]).abs() / rl[fin].abs().clamp_min(1.0)
+    assert err.numel() == 0 or err.max() < 1e-5, f"lse rel err {err.max().item()}"
 
 
 def live_slots(block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_blocks: int) -> torch.Tensor:
