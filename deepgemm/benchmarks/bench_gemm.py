@@ -224,6 +224,9 @@ def main():
                "DEEPGEMM_MIN_SMS": large + contig,
                # split-K applies to FP8 dense at M <= 128 only: the 18 small-M DeepSeek-V3 rows
                "DEEPGEMM_SPLIT_K": [("dense", m, n, k) for m in (1, 64, 128) for n, k in DENSE_NK],
+               # the small-M kernel: FP8 dense at M <= 16
+               "DEEPGEMM_GEMV": [("dense", m, n, k) for m in (1, 4, 8, 16) for n, k in DENSE_NK],
+               "DEEPGEMM_GEMV_KS": [("dense", m, n, k) for m in (1, 16) for n, k in DENSE_NK],
                # PDL changes every launch: all dense rows, two masked and two contiguous cases
                "DEEPGEMM_PDL": [("dense", m, n, k) for m in DENSE_M for n, k in DENSE_NK]
                + [("masked", 8, 4096, 7168), ("masked", 32, 7168, 2048)] + contig[:1] + contig[-1:]}

@@ -288,6 +288,7 @@ def test_pipelined_fp8(epi, monkeypatch):
     """DEEPGEMM_PIPE=1: two K blocks in flight per consumer warpgroup (BM 64 and 128, with C, odd and
     small K block counts), dense and masked."""
     monkeypatch.setenv("DEEPGEMM_PIPE", "1")
+    monkeypatch.setenv("DEEPGEMM_GEMV", "0")  # M <= 16 would take the small-M kernel
     monkeypatch.setenv("DEEPGEMM_KSPLIT", "0")  # BM = 64 would take the K split (the default) instead
     monkeypatch.setenv("DEEPGEMM_BN256", "0")  # the 128 x 256 tile (the large-M default) has no PIPE variant
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
@@ -346,6 +347,7 @@ def test_epilogues_and_block_sizes(epi, num_sms, ksplit, monkeypatch):
     give other BN (tiles straddling B scale blocks)."""
     monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
     monkeypatch.setenv("DEEPGEMM_KSPLIT", ksplit)
+    monkeypatch.setenv("DEEPGEMM_GEMV", "0")  # M = 3 would take the small-M kernel
     old = dg.get_num_sms()
     dg.set_num_sms(num_sms)
     try:
@@ -539,6 +541,7 @@ def test_split_k_dense(m, nk, mode, monkeypatch):
     """DEEPGEMM_SPLIT_K on the small-M DeepSeek-V3 shapes: S = 4 always splits, auto where the model predicts a
     gain; outputs poisoned, compared with the reference."""
     monkeypatch.setenv("DEEPGEMM_SPLIT_K", mode)
+    monkeypatch.setenv("DEEPGEMM_GEMV", "0")  # M = 1 would take the small-M kernel under auto
     n, k = nk
     d, r, cfg, _ = _split_run(m, n, k, m * 3 + n)
     assert cfg.splitk == (4 if mode == "4" else cfg.splitk) and (mode == "auto" or cfg.splitk > 1)

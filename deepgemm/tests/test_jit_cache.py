@@ -234,6 +234,7 @@ def test_multicast_switch(monkeypatch):
     import torch
     monkeypatch.setenv("DEEPGEMM_BN256", "0")  # the 128 x 256 tile has no multicast variant
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")  # nor has the TMA-store epilogue
+    monkeypatch.setenv("DEEPGEMM_GEMV", "0")  # nor has the small-M kernel (M = 1 below)
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     assert kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1).mcast == 0  # off by default
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")

@@ -225,9 +225,9 @@ def test_min_sms_grid_keeps_waves(bn256):
     for kind, m, n, k, g in SHAPES:
         for num_sms in (132, 78):
             cfg = kernels._make_config(kind, True, torch.bfloat16, None, n, k, m, g, num_sms, "staged", "1",
-                                       bn256_env=bn256, min_sms_env="1")
+                                       bn256_env=bn256, min_sms_env="1", gemv_env="0")
             base = kernels._make_config(kind, True, torch.bfloat16, None, n, k, m, g, num_sms, "staged", "1",
-                                        bn256_env=bn256)
+                                        bn256_env=bn256, gemv_env="0")
             assert cfg.min_sms == 1 and kernels.kernel_source(cfg) == kernels.kernel_source(base)
             nb = ceil_div(n, cfg.bn)
             tiles = g * ceil_div(m, cfg.bm) * nb

@@ -74,9 +74,11 @@ def _run_chain(monkeypatch, pdl, m, n, k, graph):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k", [(64, 7168, 2048), (128, 2112, 7168), (200, 4096, 512), (4096, 7168, 2048)])
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (16, 4096, 7168), (64, 7168, 2048), (128, 2112, 7168),
+                                   (200, 4096, 512), (4096, 7168, 2048)])
 def test_pdl_dense_chain(m, n, k, monkeypatch):
-    """Split-K (M <= 128), the plain and the 128 x 256 kernels: eager and graph replays equal the plain launch's."""
+    """The small-M kernel (M <= 16), split-K (M <= 128), the plain and the 128 x 256 kernels: eager and graph
+    replays equal the plain launch's."""
     want = _run_chain(monkeypatch, "0", m, n, k, graph=False)[0]
     assert not want.isnan().any()
     for got in _run_chain(monkeypatch, "1", m, n, k, graph=True):

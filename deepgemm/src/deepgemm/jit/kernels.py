@@ -82,6 +82,17 @@ SPLIT_K_GAIN = 0.885
 # M <= 128 (none at K = 16384), within noise at M = 4096. (An L2 prefetch of the first B boxes before the wait
 # measured slower.)
 PDL_DEFAULT = "1"
+# FP8 dense at M <= GEMV_MAX_M: the small-M kernel (sm90_gemv.cuh: warp-level MMAs, each warp streaming 16 rows of
+# B through a TMA ring of its own, the K blocks of a row group split over the warps of a CTA). DEEPGEMM_GEMV=0|1|auto:
+# auto (default) takes it where the TMA kernels' unsplit tiles would be at most GEMV_MAX_TMA_BN wide (BN 16 at
+# N = 2112, 32 at N = 4096: 2-4 KB of B per stage, too few bytes in flight) and no switch forces a TMA kernel
+# (DEEPGEMM_BLOCKS, an integer DEEPGEMM_SPLIT_K, DEEPGEMM_SWAP_AB); 1 takes it at every FP8 dense M <= 16.
+# H200 (BENCHMARKS.md run 21): 1.4-1.6x at N = 2112, 1.0-1.1x at N = 4096, 0.6-1.0x on the wider shapes.
+# DEEPGEMM_GEMV_KS=1|2|4|8 forces its K slices per 16 rows (tuning).
+GEMV_DEFAULT = "auto"
+GEMV_MAX_M = 16
+GEMV_MAX_TMA_BN = 32
+GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -115,9 +126,13 @@ class Config:
     rs: int = 0  # 1 (FP8 BN = 256): WGMMAs take A from registers (DEEPGEMM_BN256=2)
     splitk: int = 0  # S >= 2 (FP8 dense, M <= 128): cross-CTA split-K into S slices of K (DEEPGEMM_SPLIT_K)
     pdl: int = 0  # 1: launched as a programmatic dependent (DEEPGEMM_PDL; the launch only, like min_sms)
+    gemv: int = 0  # 1 / 2 (FP8 dense, M <= 8 * gemv): the small-M kernel (sm90_gemv.cuh); bm = 8 * gemv, bn = 16
+    gemv_ks: int = 0  # its K slices per 16 rows of B (1, 2, 4 or 8)
 
     @property
     def threads(self) -> int:
+        if self.gemv:
+            return 32 * GEMV_WARPS
         if self.swap:
             return 256
         return 128 * ((2 if self.ksplit else self.bm // 64) + 1)
@@ -246,6 +261,40 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto",
     return best[1], best[2], best[3]
 
 
+GEMV_FILL_BLOCKS = 3  # a wave's pipeline fill and drain, in K blocks per warp (one block: 8 x 2 KB per SM)
+
+
+def gemv_slices(n: int, k: int, num_sms: int, ks_env: str = "") -> int:
+    """K slices per 16 rows of B for the small-M kernel (1, 2, 4 or 8, at most the K blocks). Its CTAs (one per
+    SM: GEMV_WARPS warps = GEMV_WARPS / KS row groups x KS slices) run in waves, each as long as a warp's K blocks
+    plus the fill: the count with the fewest waves x (blocks + GEMV_FILL_BLOCKS), the larger on a tie. ks_env
+    (DEEPGEMM_GEMV_KS) forces the count (capped at the K blocks)."""
+    kb = k // 128
+    cap = max(s for s in (1, 2, 4, 8) if s <= kb)
+    if ks_env:
+        if ks_env not in ("1", "2", "4", "8"):
+            raise ValueError(f"DEEPGEMM_GEMV_KS: expected 1, 2, 4 or 8, got {ks_env!r}")
+        return min(int(ks_env), cap)
+    groups = ceil_div(n, 16)
+    cost = {s: ceil_div(ceil_div(groups * s, GEMV_WARPS), num_sms) * (ceil_div(kb, s) + GEMV_FILL_BLOCKS)
+            for s in (1, 2, 4, 8) if s <= cap}
+    return min(cost, key=lambda s: (cost[s], -s))
+
+
+def gemv_smem(mt: int, stages: int, k: int, ks: int) -> int:
+    """Must equal GemvPlan<MT, STAGES, KPW>::kTotal in sm90_gemv.cuh."""
+    ring, kpw = GEMV_WARPS * stages, ceil_div(k // 128, ks)
+    return 1024 + ring * (2048 + 1024 * mt + 128) + GEMV_WARPS * (ceil_div(kpw * 4, 8) * 8) + ring * 8
+
+
+def gemv_stages(mt: int, k: int, ks: int) -> int:
+    """Each warp's ring: as deep as shared memory allows, no deeper than its K blocks."""
+    s = min(16, ceil_div(k // 128, ks))
+    while s > 1 and gemv_smem(mt, s, k, ks) > SMEM_LIMIT:
+        s -= 1
+    return s
+
+
 def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
                   small_m_bn: str = SMALL_M_BN_DEFAULT, bn256: bool = False) -> tuple[int, int]:
     """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems.
@@ -301,7 +350,9 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_TMA_STORE", TMA_STORE_DEFAULT),
                         os.environ.get("DEEPGEMM_MIN_SMS", MIN_SMS_DEFAULT),
                         os.environ.get("DEEPGEMM_SPLIT_K", SPLIT_K_DEFAULT),
-                        os.environ.get("DEEPGEMM_PDL", PDL_DEFAULT))
+                        os.environ.get("DEEPGEMM_PDL", PDL_DEFAULT),
+                        os.environ.get("DEEPGEMM_GEMV", GEMV_DEFAULT),
+                        os.environ.get("DEEPGEMM_GEMV_KS", ""))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -309,10 +360,20 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
                  tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT,
-                 pdl_env=PDL_DEFAULT) -> Config:
+                 pdl_env=PDL_DEFAULT, gemv_env=GEMV_DEFAULT, gemv_ks_env="") -> Config:
+    if gemv_env not in ("0", "1", "auto"):
+        raise ValueError(f"DEEPGEMM_GEMV: expected 0, 1 or auto, got {gemv_env!r}")
     cfg = _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                          small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env,
                          min_sms_env, split_k_env)
+    forced = swap_env != "0" or blocks_env or split_k_env != "auto"  # the user asked for a TMA kernel
+    thin = cfg.bn <= GEMV_MAX_TMA_BN and not cfg.splitk  # the TMA kernel would keep few bytes in flight
+    if (gemv_env == "1" or (gemv_env == "auto" and thin and not forced)) and fp8 and kind == "dense" \
+            and m_hint <= GEMV_MAX_M:
+        mt = 1 if m_hint <= 8 else 2
+        ks = gemv_slices(n, k, num_sms, gemv_ks_env)
+        cfg = Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, 8 * mt, 16,
+                     gemv_stages(mt, k, ks), gemv=mt, gemv_ks=ks)
     if pdl_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
     return replace(cfg, pdl=int(pdl_env))
@@ -433,10 +494,26 @@ def _source_fields(cfg: Config) -> dict:
     kernel, one cache entry for either value), and a zero tstore, rs or splitk is left out (the default
     kernels' first line as before)."""
     return {k: v for k, v in asdict(cfg).items()
-            if k not in ("min_sms", "pdl") and not (k in ("tstore", "rs", "splitk") and v == 0)}
+            if k not in ("min_sms", "pdl") and not (k in ("tstore", "rs", "splitk", "gemv", "gemv_ks") and v == 0)}
+
+
+def gemv_source(cfg: Config) -> str:
+    return (
+        f"// deepgemm kernel {_source_fields(cfg)}\n"
+        + compiler.read_header() + "\n" + compiler.read_header("deepgemm/sm90_gemv.cuh")
+        + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1) deepgemm_kernel(\n'
+        "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
+        "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c, int M,\n"
+        "    int a_box_rows, int sfa_box) {\n"
+        f"  dg::gemv_body<{cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.gemv}, {cfg.gemv_ks}, {cfg.stages}>(\n"
+        "      tma_a, tma_b, tma_sfa, sfb, d, c, M, a_box_rows, sfa_box);\n"
+        "}\n"
+    )
 
 
 def kernel_source(cfg: Config) -> str:
+    if cfg.gemv:
+        return gemv_source(cfg)
     if cfg.swap:
         body = "gemm_swap_body"
         args = f"{cfg.kind}, {cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.bm}, {cfg.stages}, {cfg.swap - 1}"
@@ -499,8 +576,9 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
                 if getattr(eff, field) and compiler.spills(rec.ptxas):
                     eff = replace(eff, **{field: 0})
                     cubin, rec = _build(eff)
-            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi,
-                                                                          eff.ksplit, eff.swap, eff.tstore))
+            smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks) if eff.gemv else smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit,
+                                                 eff.swap, eff.tstore)
+            kern = runtime.Kernel(cubin, "deepgemm_kernel", smem)
             hit = _kernels[cfg] = (kern, eff)
     return hit
 
@@ -593,6 +671,23 @@ def _check_sf_ptr(sfa: torch.Tensor) -> None:
         raise ValueError("a scaling factors: expected a 16-byte aligned pointer after get_mn_major_tma_aligned_tensor")
 
 
+def _launch_gemv(cfg: Config, a, sfa, b, sfb, d, c, m: int) -> None:
+    kern, cfg = get_kernel(cfg)
+    k, n, rows_a = cfg.k, cfg.n, 8 * cfg.gemv
+    tma_a = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, m, k, 128, rows_a, runtime.SWIZZLE_128B)
+    tma_b = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, n, k, 128, 16, runtime.SWIZZLE_128B)
+    sfa_box = ceil_div(m, 4) * 4  # sfa: MN-major, the M stride padded to 4 (a row-major [KB, M_al] view)
+    m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else sfa_box
+    tma_sfa = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, m, k // 128, m_al * 4, sfa_box, 1,
+                                    runtime.SWIZZLE_NONE)
+    grid = ceil_div(ceil_div(n, 16) * cfg.gemv_ks, GEMV_WARPS)
+    vp = ctypes.c_void_p
+    args = [tma_a, tma_b, tma_sfa, vp(sfb.data_ptr()), vp(d.data_ptr()), vp(c.data_ptr() if c is not None else 0),
+            ctypes.c_int(m), ctypes.c_int(rows_a), ctypes.c_int(sfa_box)]
+    kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid, cfg.threads,
+                args, pdl=bool(cfg.pdl))
+
+
 def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     m, k = a.shape
     n = b.shape[0]
@@ -600,6 +695,9 @@ def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     if fp8:
         _check_sf_ptr(sfa)
     cfg = make_config("dense", fp8, d, c, n, k, m, 1)
+    if cfg.gemv:
+        _launch_gemv(cfg, a, sfa, b, sfb, d, c, m)
+        return
     tiles = ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn) * max(cfg.splitk, 1)  # split-K: (tile, slice) units
     _launch(cfg, a, sfa, b, sfb, d, c, None, m, 1, tiles)
 
