@@ -39,16 +39,18 @@ def test_gemv_chosen_where_tma_tiles_are_thin():
 
 
 def test_gemv_slices_and_stages():
-    """K slices: the fewest waves x (K blocks per warp + the fill), the larger count on a tie; the ring as deep as
-    227 KB allows, no deeper than a warp's K blocks."""
-    want = {(2112, 7168): 8, (24576, 1536): 2, (32768, 512): 1, (7168, 16384): 2, (4096, 7168): 4, (7168, 2048): 2}
+    """K slices: the fewest waves (two CTAs per SM) x (K blocks per warp + the fill), the larger count on a tie; the
+    ring as deep as half an SM's shared memory allows, no deeper than a warp's K blocks."""
+    want = {(2112, 7168): 8, (24576, 1536): 1, (32768, 512): 1, (7168, 16384): 4, (4096, 7168): 8, (7168, 2048): 4}
     for (n, k), ks in want.items():
         assert kernels.gemv_slices(n, k, 132) == ks, (n, k)
         for mt in (1, 2):
             st = kernels.gemv_stages(mt, k, ks)
-            assert kernels.gemv_smem(mt, st, k, ks) <= kernels.SMEM_LIMIT
-            assert st == -(-(k // 128) // ks) or kernels.gemv_smem(mt, st + 1, k, ks) > kernels.SMEM_LIMIT
-    assert kernels.gemv_slices(2112, 7168, 66) == 4
+            assert kernels.gemv_smem(mt, st, k, ks) <= kernels.GEMV_SMEM_LIMIT
+            assert st == -(-(k // 128) // ks) or kernels.gemv_smem(mt, st + 1, k, ks) > kernels.GEMV_SMEM_LIMIT
+            assert st >= (4 if mt == 1 else 3) or st == -(-(k // 128) // ks)
+    assert 2 * (kernels.GEMV_SMEM_LIMIT + 1024) <= 228 * 1024
+    assert kernels.gemv_slices(2112, 7168, 33) == 4
     assert kernels.gemv_slices(256, 256, 132) == 2  # at most the K blocks
     assert kernels.gemv_slices(256, 384, 132) == 2  # a power of two
     assert kernels.gemv_slices(2112, 7168, 132, "2") == 2 and kernels.gemv_slices(2112, 256, 132, "8") == 2

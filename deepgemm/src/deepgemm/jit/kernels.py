@@ -87,7 +87,8 @@ PDL_DEFAULT = "1"
 # auto (default) takes it where the TMA kernels' unsplit tiles would be at most GEMV_MAX_TMA_BN wide (BN 16 at
 # N = 2112, 32 at N = 4096: 2-4 KB of B per stage, too few bytes in flight) and no switch forces a TMA kernel
 # (DEEPGEMM_BLOCKS, an integer DEEPGEMM_SPLIT_K, DEEPGEMM_SWAP_AB); 1 takes it at every FP8 dense M <= 16.
-# H200 (BENCHMARKS.md run 21): 1.4-1.6x at N = 2112, 1.0-1.1x at N = 4096, 0.6-1.0x on the wider shapes.
+# H200 (BENCHMARKS.md run 21b, M = 1-16): 1.61-1.75x at N = 2112, 1.16-1.30x at N = 4096, 0.77-0.94x on the
+# wider shapes.
 # DEEPGEMM_GEMV_KS=1|2|4|8 forces its K slices per 16 rows (tuning).
 GEMV_DEFAULT = "auto"
 GEMV_MAX_M = 16
@@ -261,14 +262,19 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto",
     return best[1], best[2], best[3]
 
 
-GEMV_FILL_BLOCKS = 3  # a wave's pipeline fill and drain, in K blocks per warp (one block: 8 x 2 KB per SM)
+GEMV_FILL_BLOCKS = 3  # a wave's pipeline fill and drain, in K blocks per warp
+# Two CTAs per SM (228 KB of shared memory, 1 KB of it reserved per CTA): one CTA's launch and ring fill overlap
+# the other's drain and reduction, and a dependent (PDL) launch finds room. H200 (BENCHMARKS.md run 21b): rings of
+# 4 stages (3 at M > 8) two to an SM against 6-9 stages one to an SM: 1.10-1.17x at N = 2112 and 4096 (M = 1, 8).
+GEMV_CTAS_PER_SM = 2
+GEMV_SMEM_LIMIT = (233472 - GEMV_CTAS_PER_SM * 1024) // GEMV_CTAS_PER_SM
 
 
 def gemv_slices(n: int, k: int, num_sms: int, ks_env: str = "") -> int:
-    """K slices per 16 rows of B for the small-M kernel (1, 2, 4 or 8, at most the K blocks). Its CTAs (one per
-    SM: GEMV_WARPS warps = GEMV_WARPS / KS row groups x KS slices) run in waves, each as long as a warp's K blocks
-    plus the fill: the count with the fewest waves x (blocks + GEMV_FILL_BLOCKS), the larger on a tie. ks_env
-    (DEEPGEMM_GEMV_KS) forces the count (capped at the K blocks)."""
+    """K slices per 16 rows of B for the small-M kernel (1, 2, 4 or 8, at most the K blocks). Its CTAs
+    (GEMV_CTAS_PER_SM per SM; GEMV_WARPS warps = GEMV_WARPS / KS row groups x KS slices) run in waves, each as long
+    as a warp's K blocks plus the fill: the count with the fewest waves x (blocks + GEMV_FILL_BLOCKS), the larger
+    on a tie. ks_env (DEEPGEMM_GEMV_KS) forces the count (capped at the K blocks)."""
     kb = k // 128
     cap = max(s for s in (1, 2, 4, 8) if s <= kb)
     if ks_env:
@@ -276,7 +282,8 @@ def gemv_slices(n: int, k: int, num_sms: int, ks_env: str = "") -> int:
             raise ValueError(f"DEEPGEMM_GEMV_KS: expected 1, 2, 4 or 8, got {ks_env!r}")
         return min(int(ks_env), cap)
     groups = ceil_div(n, 16)
-    cost = {s: ceil_div(ceil_div(groups * s, GEMV_WARPS), num_sms) * (ceil_div(kb, s) + GEMV_FILL_BLOCKS)
+    slots = GEMV_CTAS_PER_SM * num_sms
+    cost = {s: ceil_div(ceil_div(groups * s, GEMV_WARPS), slots) * (ceil_div(kb, s) + GEMV_FILL_BLOCKS)
             for s in (1, 2, 4, 8) if s <= cap}
     return min(cost, key=lambda s: (cost[s], -s))
 
@@ -288,9 +295,9 @@ def gemv_smem(mt: int, stages: int, k: int, ks: int) -> int:
 
 
 def gemv_stages(mt: int, k: int, ks: int) -> int:
-    """Each warp's ring: as deep as shared memory allows, no deeper than its K blocks."""
+    """Each warp's ring: as deep as GEMV_SMEM_LIMIT allows, no deeper than its K blocks."""
     s = min(16, ceil_div(k // 128, ks))
-    while s > 1 and gemv_smem(mt, s, k, ks) > SMEM_LIMIT:
+    while s > 1 and gemv_smem(mt, s, k, ks) > GEMV_SMEM_LIMIT:
         s -= 1
     return s
 

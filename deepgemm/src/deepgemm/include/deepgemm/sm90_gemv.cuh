@@ -6,8 +6,9 @@
 // N. The CTA's 8 warps are RG = 8 / KS row groups x KS slices. Every warp streams its K blocks through a ring of
 // STAGES shared-memory stages of its own, which its lane 0 fills by TMA (B's 16 x 128 B box, A's box of 8 * MT
 // rows, A's scales; 128-byte swizzle, zero fill past N and M) and refills as soon as the warp has read a stage:
-// about 8 x STAGES x 2 KB of B per SM in flight. The slices of a row group are summed in shared memory, in
-// slice order (deterministic); slice 0 writes the tile.
+// about 8 x STAGES x 2 KB of B per SM in flight. B's scales for the warp's slice are read into shared memory
+// once. The slices of a row group are summed in shared memory, in slice order (deterministic); slice 0 writes
+// the tile.
 //
 // The order of k inside a 128-wide K block is free as long as both operands use the same one. Thread
 // (g, t) = (lane / 4, lane % 4) reads bytes [32t, 32t + 32) of each of its rows (16-byte chunks 2t and 2t + 1)
@@ -28,8 +29,8 @@ __device__ __forceinline__ void mma_e4m3_m16n8k32(float (&d)[4], const u32 (&a)[
 
 constexpr int kGemvWarps = 8;
 
-// shared memory: per warp and stage a B box (16 x 128 B), an A box (8 * MT x 128 B) and A's scales (<= 16 floats in 128 B);
-// per warp its slice's B scales; per warp and stage a full barrier
+// shared memory: per warp and stage a B box (16 x 128 B), an A box (8 * MT x 128 B) and A's scales (<= 16
+// floats in 128 B); per warp its slice's B scales; per warp and stage a full barrier
 template <int MT, int STAGES, int KPW>
 struct GemvPlan {
   static constexpr int kB = 16 * 128, kA = 8 * MT * 128, kSFA = 128;  // a TMA destination: 128-byte aligned
@@ -61,7 +62,7 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   const int kb_lo = slice * KB / KS, nblk = (slice + 1) * KB / KS - kb_lo;
   const int ring = warp * STAGES;  // this warp's first stage
   const u32 bars = base + Plan::kOffBar + 8 * ring;
-  const float* sfb_s = reinterpret_cast<const float*>(smem + Plan::kOffSFB) + warp * ((KPW + 1) / 2 * 2);
+  float* sfb_s = reinterpret_cast<float*>(smem + Plan::kOffSFB) + warp * ((KPW + 1) / 2 * 2);
   if (threadIdx.x == 0) {
     u32 dyn;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -96,8 +97,7 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   if (active) {
     if (lane == 0)
       for (int i = 0; i < STAGES && i < nblk; ++i) fill(i);
-    float* sfb_w = const_cast<float*>(sfb_s);
-    for (int i = lane; i < nblk; i += 32) sfb_w[i] = sfb[(n0 / 128) * KB + kb_lo + i];
+    for (int i = lane; i < nblk; i += 32) sfb_s[i] = sfb[(n0 / 128) * KB + kb_lo + i];
     __syncwarp();
     const int c0 = (2 * t) ^ (g & 7), c1 = (2 * t + 1) ^ (g & 7);  // swizzled chunks 2t, 2t + 1 of rows g, g + 8
     for (int i = 0; i < nblk; ++i) {
@@ -142,10 +142,9 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
           mma_e4m3_m16n8k32(p[q], fa, wa[j][2 * q], wa[j][2 * q + 1]);
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          acc[j][i] += ((p[0][i] + p[1][i]) + (p[2][i] + p[3][i])) * sa[j][i & 1];
+        for (int e = 0; e < 4; ++e)
+          acc[j][e] += ((p[0][e] + p[1][e]) + (p[2][e] + p[3][e])) * sa[j][e & 1];
       }
-
     }
   }
 
