@@ -498,8 +498,8 @@ def wgmma_rs_specialisation(n: int) -> str:
 
 def _source_fields(cfg: Config) -> dict:
     """The configuration as the source's first line records it: min_sms and pdl only shape the launch (one
-    kernel, one cache entry for either value), and a zero tstore, rs or splitk is left out (the default
-    kernels' first line as before)."""
+    kernel, one cache entry for either value), and a zero tstore, rs, splitk, gemv or gemv_ks is left out (the
+    default kernels' first line as before)."""
     return {k: v for k, v in asdict(cfg).items()
             if k not in ("min_sms", "pdl") and not (k in ("tstore", "rs", "splitk", "gemv", "gemv_ks") and v == 0)}
 
@@ -583,8 +583,10 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
                 if getattr(eff, field) and compiler.spills(rec.ptxas):
                     eff = replace(eff, **{field: 0})
                     cubin, rec = _build(eff)
-            smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks) if eff.gemv else smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit,
-                                                 eff.swap, eff.tstore)
+            if eff.gemv:
+                smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks)
+            else:
+                smem = smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit, eff.swap, eff.tstore)
             kern = runtime.Kernel(cubin, "deepgemm_kernel", smem)
             hit = _kernels[cfg] = (kern, eff)
     return hit
