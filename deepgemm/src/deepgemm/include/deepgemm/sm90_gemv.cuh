@@ -17,6 +17,8 @@
 // k index t * 4 + i (and 16 + t * 4 + i) is one and the same byte. Chunks 2t and 2t + 1 under the swizzle put
 // rows 2p and 2p + 1 on disjoint banks, so the 16-byte shared loads are conflict-free.
 // Promotion: the K block's f32 product times sfb[n / 128][kb] * sfa[m][kb] is added into the accumulator.
+// sm_90 has no FP8 mma.sync unit: ptxas lowers each MMA to e4m3 -> f16 conversions (F2FP) and two f16 HMMAs,
+// exact, but 12 conversions an MMA, which is what the kernel spends at M = 16 (BENCHMARKS.md run 21).
 
 namespace dg {
 
