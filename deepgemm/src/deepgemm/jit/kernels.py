@@ -264,8 +264,8 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto",
 
 GEMV_FILL_BLOCKS = 3  # a wave's pipeline fill and drain, in K blocks per warp
 # Two CTAs per SM (228 KB of shared memory, 1 KB of it reserved per CTA): one CTA's launch and ring fill overlap
-# the other's drain and reduction, and a dependent (PDL) launch finds room. H200 (BENCHMARKS.md run 21b): rings of
-# 4 stages (3 at M > 8) two to an SM against 6-9 stages one to an SM: 1.10-1.17x at N = 2112 and 4096 (M = 1, 8).
+# the other's drain and reduction, and a dependent (PDL) launch finds room. H200 (BENCHMARKS.md runs 21, 21b): rings
+# of 4 stages (3 at M > 8) two to an SM against 6-9 stages one to an SM: 1.07-1.21x at N = 2112 and 4096 (M = 1-16).
 GEMV_CTAS_PER_SM = 2
 GEMV_SMEM_LIMIT = (233472 - GEMV_CTAS_PER_SM * 1024) // GEMV_CTAS_PER_SM
 
