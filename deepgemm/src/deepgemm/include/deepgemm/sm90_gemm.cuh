@@ -150,6 +150,26 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
 __device__ __forceinline__ unsigned short pack_fp8(float lo, float hi) {
   unsigned short r; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo)); return r;
 }
+// one output element, D[off] = v (+ C[off]), in OUT's type (the swap-AB and small-M kernels' epilogues)
+template <int OUT, int CT>
+__device__ __forceinline__ void store_one(void* __restrict__ d_ptr, const void* __restrict__ c_ptr, long long off,
+                                          float v) {
+  if constexpr (CT == kCF32) v += reinterpret_cast<const float*>(c_ptr)[off];
+  else if constexpr (CT == kCBF16) v += bits_to_float((u32)reinterpret_cast<const unsigned short*>(c_ptr)[off] << 16);
+  if constexpr (OUT == kOutBF16) {
+    reinterpret_cast<unsigned short*>(d_ptr)[off] = (unsigned short)(pack_bf16(v, 0.f) & 0xFFFFu);
+  } else if constexpr (OUT == kOutF32) {
+    reinterpret_cast<float*>(d_ptr)[off] = v;
+  } else {
+    reinterpret_cast<unsigned char*>(d_ptr)[off] = (unsigned char)(pack_fp8(v, 0.f) & 0xFFu);
+  }
+}
+// traps when the launch gave less dynamic shared memory than the kernel's layout needs
+__device__ __forceinline__ void require_dynamic_smem(u32 bytes) {
+  u32 dyn;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < bytes) asm volatile("trap;");
+}
 
 // Two K blocks' WGMMAs in flight over the CH blocks from c0: block kb + 1's WGMMAs run while block kb
 // is retired (promoted). issue(kb, t, sc) waits for kb's stage and commits its WGMMAs into t; retire(kb,
@@ -340,9 +360,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   if (tid == 0) {
-    u32 dyn;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < (u32)Plan::kTotal) asm volatile("trap;");
+    require_dynamic_smem(Plan::kTotal);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + 8 * s, 1);

@@ -46,9 +46,7 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
-    u32 dyn;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < (u32)Plan::kTotal) asm volatile("trap;");
+    require_dynamic_smem(Plan::kTotal);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(bars + 8 * s, 1);
@@ -163,17 +161,7 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
       const int m = m_blk * BMS + j * 8 + (lane % 4) * 2 + (e & 1);
       const int n = n_blk * 64 + r_in_wg + (e >> 1) * 8;
       if (m >= limit || n >= N) continue;
-      const long long off = (row_off + m) * (long long)N + n;
-      float v = acc[i];
-      if (CT == kCF32) v += reinterpret_cast<const float*>(c_ptr)[off];
-      else if (CT == kCBF16) v += bits_to_float((u32)reinterpret_cast<const unsigned short*>(c_ptr)[off] << 16);
-      if (OUT == kOutBF16) {
-        reinterpret_cast<unsigned short*>(d_ptr)[off] = (unsigned short)(pack_bf16(v, 0.f) & 0xFFFFu);
-      } else if (OUT == kOutF32) {
-        reinterpret_cast<float*>(d_ptr)[off] = v;
-      } else {
-        reinterpret_cast<unsigned char*>(d_ptr)[off] = (unsigned char)(pack_fp8(v, 0.f) & 0xFFu);
-      }
+      store_one<OUT, CT>(d_ptr, c_ptr, (row_off + m) * (long long)N + n, acc[i]);
     }
     have = have_next; m_blk = nm_blk; n_blk = nn_blk; g = ng;
     sfb_row = nrow;

@@ -65,11 +65,7 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   const int ring = warp * STAGES;  // this warp's first stage
   const u32 bars = base + Plan::kOffBar + 8 * ring;
   float* sfb_s = reinterpret_cast<float*>(smem + Plan::kOffSFB) + warp * ((KPW + 1) / 2 * 2);
-  if (threadIdx.x == 0) {
-    u32 dyn;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < (u32)Plan::kTotal) asm volatile("trap;");
-  }
+  if (threadIdx.x == 0) require_dynamic_smem(Plan::kTotal);
   const bool active = n0 < N;
   if (active && lane == 0) {
 #pragma unroll
@@ -174,18 +170,7 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int m = 8 * j + 2 * t + (i & 1), n = n0 + g + 8 * (i >> 1);
-      if (m >= M || n >= N) continue;
-      const long long off = (long long)m * N + n;
-      float v = acc[j][i];
-      if constexpr (CT == kCF32) v += reinterpret_cast<const float*>(c_ptr)[off];
-      else if constexpr (CT == kCBF16) v += bits_to_float((u32)reinterpret_cast<const unsigned short*>(c_ptr)[off] << 16);
-      if constexpr (OUT == kOutBF16) {
-        reinterpret_cast<unsigned short*>(d_ptr)[off] = (unsigned short)(pack_bf16(v, 0.f) & 0xFFFFu);
-      } else if constexpr (OUT == kOutF32) {
-        reinterpret_cast<float*>(d_ptr)[off] = v;
-      } else {
-        reinterpret_cast<unsigned char*>(d_ptr)[off] = (unsigned char)(pack_fp8(v, 0.f) & 0xFFu);
-      }
+      if (m < M && n < N) store_one<OUT, CT>(d_ptr, c_ptr, (long long)m * N + n, acc[j][i]);
     }
 }
 
