@@ -596,6 +596,15 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
 _NULL_DESC = runtime.TmaDesc()
 
 
+def sfa_tensor_map(sfa: torch.Tensor, box: int) -> runtime.TmaDesc:
+    """A's scales, [(G,) M, KB] MN-major with the M stride padded to 4, as a tensor map over the row-major
+    [(G *) KB, M_al] view: boxes of `box` rows of A in one K block."""
+    m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else ceil_div(sfa.shape[-2], 4) * 4
+    outer = sfa.shape[-1] * (sfa.shape[0] if sfa.dim() == 3 else 1)
+    return runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, sfa.shape[-2], outer, m_al * 4, box, 1,
+                                 runtime.SWIZZLE_NONE)
+
+
 def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups: int, tiles: int) -> None:
     kern, cfg = get_kernel(cfg)
     k, n = cfg.k, cfg.n
@@ -613,14 +622,7 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
     # multicast: each CTA of a cluster loads one half of the B tile into both
     box_b = cfg.bn // 2 if cfg.mcast == 1 else cfg.bn
     tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, box_b, runtime.SWIZZLE_128B)
-    if cfg.fp8:
-        # sfa: [(G,) M, KB] MN-major with the MN stride padded to 4: a row-major [(G*)KB, M_al] view
-        m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else ceil_div(sfa.shape[-2], 4) * 4
-        outer = sfa.shape[-1] * (sfa.shape[0] if sfa.dim() == 3 else 1)
-        tma_sfa = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, sfa.shape[-2], outer, m_al * 4,
-                                        sfa_box, 1, runtime.SWIZZLE_NONE)
-    else:
-        tma_sfa = _NULL_DESC
+    tma_sfa = sfa_tensor_map(sfa, sfa_box) if cfg.fp8 else _NULL_DESC
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa,
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),
@@ -685,10 +687,8 @@ def _launch_gemv(cfg: Config, a, sfa, b, sfb, d, c, m: int) -> None:
     k, n, rows_a = cfg.k, cfg.n, 8 * cfg.gemv
     tma_a = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, m, k, 128, rows_a, runtime.SWIZZLE_128B)
     tma_b = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, n, k, 128, 16, runtime.SWIZZLE_128B)
-    sfa_box = ceil_div(m, 4) * 4  # sfa: MN-major, the M stride padded to 4 (a row-major [KB, M_al] view)
-    m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else sfa_box
-    tma_sfa = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, m, k // 128, m_al * 4, sfa_box, 1,
-                                    runtime.SWIZZLE_NONE)
+    sfa_box = ceil_div(m, 4) * 4
+    tma_sfa = sfa_tensor_map(sfa, sfa_box)
     grid = ceil_div(ceil_div(n, 16) * cfg.gemv_ks, GEMV_WARPS)
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa, vp(sfb.data_ptr()), vp(d.data_ptr()), vp(c.data_ptr() if c is not None else 0),
