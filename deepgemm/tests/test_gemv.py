@@ -6,11 +6,9 @@ import pytest
 import torch
 
 import deepgemm as dg
-from deepgemm import ref
 from deepgemm.jit import compiler, kernels
 from generators import poisoned
-
-NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+from test_gemm_gpu import DEV, NK, _rand, _split_run
 
 
 def _cfg(m, n, k, out=torch.bfloat16, c=None, num_sms=132, **env):
@@ -81,28 +79,7 @@ def test_gemv_kernels_compile_clean(tmp_path, monkeypatch):
         assert int(re.search(r"Used (\d+) registers", rec.ptxas).group(1)) <= 255
 
 
-# ---- GPU ------------------------------------------------------------------------------------------------------
-DEV = "cuda"
-
-
-def _operands(m, n, k, seed):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(m, k, generator=g, device=DEV, dtype=torch.bfloat16)
-    y = torch.randn(n, k, generator=g, device=DEV, dtype=torch.bfloat16)
-    return dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y), (x.float() @ y.float().t())
-
-
-def _run(m, n, k, seed, out=torch.bfloat16, c_dtype=None):
-    a, b, orig = _operands(m, n, k, seed)
-    c = None if c_dtype is None else (torch.randn(m, n, device=DEV) * 30).to(c_dtype)
-    d = poisoned((m, n), out, DEV)
-    dg.fp8_gemm_nt(a, b, d, c=c)
-    r = torch.empty(m, n, device=DEV)
-    ref.ref_gemm_nt(*a, *b, r, None if c is None else c.float())
-    cfg = kernels.make_config("dense", True, d, c, n, k, m, 1)
-    return d, r, orig, cfg, (a, b, c)
-
-
+# ---- GPU: one FP8 dense GEMM into a poisoned output beside the reference (test_gemm_gpu's split-K helper) ------
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 16])
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
@@ -110,7 +87,9 @@ def test_gemv_dense(m, nk, monkeypatch):
     """DEEPGEMM_GEMV=1 at M <= 16 on the DeepSeek-V3 shapes: poisoned output, the reference's tolerance."""
     monkeypatch.setenv("DEEPGEMM_GEMV", "1")
     n, k = nk
-    d, r, orig, cfg, _ = _run(m, n, k, m * 7 + n)
+    seed = m * 7 + n
+    d, r, cfg, _ = _split_run(m, n, k, seed)
+    orig = _rand((m, k), seed).float() @ _rand((n, k), seed + 1).float().t()  # _split_run's inputs, unquantised
     assert cfg.gemv
     assert not d.float().isnan().any(), "unwritten (NaN) outputs"
     assert dg.calc_diff(d, r) < 1e-5 and dg.calc_diff(d, orig) < 1e-3
@@ -128,7 +107,7 @@ def test_gemv_dense(m, nk, monkeypatch):
 def test_gemv_edges(m, n, k, out, c_dtype, ks, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_GEMV", "1")
     monkeypatch.setenv("DEEPGEMM_GEMV_KS", ks)
-    d, r, _, cfg, _ = _run(m, n, k, n + k + m, out, c_dtype)
+    d, r, cfg, _ = _split_run(m, n, k, n + k + m, out, c_dtype)
     assert cfg.gemv and cfg.gemv_ks == min(int(ks), max(s for s in (1, 2, 4, 8) if s <= k // 128))
     assert not d.float().isnan().any()
     if out == torch.float8_e4m3fn:
@@ -143,7 +122,7 @@ def test_gemv_deterministic_and_graphs(monkeypatch):
     fixed order), 20 CUDA-graph replays into a poisoned output too; the result agrees with the TMA kernel's
     (DEEPGEMM_GEMV=0) to the reference tolerance."""
     m, n, k = 5, 4096, 7168
-    d, r, _, cfg, (a, b, _) = _run(m, n, k, 3)
+    d, r, cfg, (a, b, _) = _split_run(m, n, k, 3)
     assert cfg.gemv
     first = d.clone()
     for _ in range(3):
