@@ -187,6 +187,8 @@ def main():
                     help="also time our kernels under each value of an environment switch on small-M shapes, "
                          "e.g. DEEPGEMM_KSPLIT=0,1 or DEEPGEMM_SMALL_M_BN=fill,pow2 (repeatable); several switches "
                          "at once: DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&1 (values joined by &)")
+    ap.add_argument("--shapes", default=None, metavar="MxNxK,...",
+                    help="with --compare: time these dense shapes under every switch instead of its own list")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gemm: needs a CUDA device")
@@ -235,6 +237,8 @@ def main():
         env, values = spec.split("=")
         envs = env.split("&")
         todo = next((per_env[e] for e in envs if e in per_env), cases)
+        if args.shapes:
+            todo = [("dense", *map(int, spec.split("x"))) for spec in args.shapes.split(",")]
         for layout, m, n, k in todo:
             res = {}
             for i, val in enumerate(values.split(",")):

@@ -536,7 +536,7 @@ def _split_run(m, n, k, seed, out=torch.bfloat16, c_dtype=None):
 
 @pytest.mark.parametrize("mode", ["auto", "4"])
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
-@pytest.mark.parametrize("m", [1, 64, 128])
+@pytest.mark.parametrize("m", [1, 24, 64, 128])
 def test_split_k_dense(m, nk, mode, monkeypatch):
     """DEEPGEMM_SPLIT_K on the small-M DeepSeek-V3 shapes: S = 4 always splits, auto where the model predicts a
     gain; outputs poisoned, compared with the reference."""

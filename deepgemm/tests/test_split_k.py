@@ -81,6 +81,22 @@ def test_auto_picks():
     assert picks[64, 32768, 512] is None and picks[128, 24576, 1536] is None
 
 
+def test_auto_splits_thin_tiles_above_the_small_m_kernel():
+    """Above GEMV_MAX_M, where the unsplit tile would be 16 wide (N = 2112, M = 17-32) and K at least 16 blocks deep,
+    auto splits on any modelled gain (run 22: the model rated these splits 0.89-0.92, they ran 1.3-1.4x faster); at M <= 16 it does not (the
+    small-M kernel takes these shapes), nor where the unsplit tile is wider (N = 4096)."""
+    for m in (17, 24, 32):
+        assert kernels.choose_blocks(m, 2112, 1, 132)[1] == kernels.SPLIT_K_THIN_BN
+        bm, bn, s = kernels.choose_split_k(m, 2112, 7168, 132)
+        plain = kernels.small_m_time(m, 2112, 7168, 132, *kernels.choose_blocks(m, 2112, 1, 132))
+        assert kernels.SPLIT_K_GAIN * plain <= kernels.small_m_time(m, 2112, 7168, 132, bm, bn, s) < plain
+        assert kernels.choose_split_k(m, 4096, 7168, 132) is None
+    assert kernels.choose_split_k(16, 2112, 7168, 132) is None
+    assert kernels.choose_split_k(64, 512, 1536, 132) is None  # 12 K blocks: too short a chain (run 22: 0.94x)
+    assert kernels.choose_split_k(64, 512, 2048, 132) is not None  # 16 (run 22: 1.10x)
+    assert _cfg(2112, 7168, 16).splitk == 0 and _cfg(2112, 7168, 24).splitk > 1
+
+
 def test_model_fits_run9():
     """The small-M model reproduces the 18 M <= 128 rows of run 9 it was fitted to within 20 % (mean error under 8 %)."""
     run9 = {1: [13.6, 15.6, 9.4, 36.8, 15.6, 9.6], 64: [12.9, 15.1, 9.1, 39.2, 14.9, 8.5],

@@ -75,6 +75,14 @@ SPLIT_K_MAX = 16
 # and 128): splits the model rated 0.83-0.88 won 5-21 %, those rated 0.90-0.94 lost 2-8 % (N = 4096, K = 7168;
 # N = 7168, K = 16384 at M = 64)
 SPLIT_K_GAIN = 0.885
+# Above GEMV_MAX_M, where the unsplit tile would be SPLIT_K_THIN_BN wide and its K loop at least
+# SPLIT_K_THIN_MIN_KB blocks long (N = 2112 at M = 17-32: 2 KB of B per stage, a latency-bound chain), auto
+# splits wherever the model predicts any gain. Run 22 (H200): at N = 2112, K = 7168 the model rated these splits
+# 0.89-0.92 and they ran 1.29-1.41x faster; over N = 256-2112, K = 2048-7168, M = 24-128, 1.01-1.45x; at
+# K = 1536 0.87-1.00x, hence the minimum. (At M <= GEMV_MAX_M the small-M kernel takes these shapes.)
+SPLIT_K_THIN_BN = 16
+SPLIT_K_THIN_MIN_KB = 16
+SPLIT_K_GAIN_THIN = 1.0
 # Programmatic dependent launch: every kernel is launched with the PDL attribute, so that in a stream (or CUDA
 # graph) of such kernels the next one's launch and prologue overlap the tail of the one before (each waits in
 # grid_dep_wait, sm90_gemm.cuh, before its first global access). DEEPGEMM_PDL=0|1 overrides. On by default:
@@ -257,7 +265,9 @@ def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto",
         return None
     if s_fixed is None:
         bm0, bn0 = choose_blocks(m, n, 1, num_sms)
-        if best[0][0] >= SPLIT_K_GAIN * small_m_time(m, n, k, num_sms, bm0, bn0):
+        thin = bn0 <= SPLIT_K_THIN_BN and kb >= SPLIT_K_THIN_MIN_KB and m > GEMV_MAX_M
+        gain = SPLIT_K_GAIN_THIN if thin else SPLIT_K_GAIN
+        if best[0][0] >= gain * small_m_time(m, n, k, num_sms, bm0, bn0):
             return None
     return best[1], best[2], best[3]
 
@@ -508,12 +518,11 @@ def gemv_source(cfg: Config) -> str:
     return (
         f"// deepgemm kernel {_source_fields(cfg)}\n"
         + compiler.read_header() + "\n" + compiler.read_header("deepgemm/sm90_gemv.cuh")
-        + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1) deepgemm_kernel(\n'
+        + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, {GEMV_CTAS_PER_SM}) deepgemm_kernel(\n'
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
-        "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c, int M,\n"
-        "    int a_box_rows, int sfa_box) {\n"
+        "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c, int M) {\n"
         f"  dg::gemv_body<{cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.gemv}, {cfg.gemv_ks}, {cfg.stages}>(\n"
-        "      tma_a, tma_b, tma_sfa, sfb, d, c, M, a_box_rows, sfa_box);\n"
+        "      tma_a, tma_b, tma_sfa, sfb, d, c, M);\n"
         "}\n"
     )
 
@@ -687,12 +696,11 @@ def _launch_gemv(cfg: Config, a, sfa, b, sfb, d, c, m: int) -> None:
     k, n, rows_a = cfg.k, cfg.n, 8 * cfg.gemv
     tma_a = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, m, k, 128, rows_a, runtime.SWIZZLE_128B)
     tma_b = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, n, k, 128, 16, runtime.SWIZZLE_128B)
-    sfa_box = ceil_div(m, 4) * 4
-    tma_sfa = sfa_tensor_map(sfa, sfa_box)
+    tma_sfa = sfa_tensor_map(sfa, ceil_div(m, 4) * 4)  # the kernel's transaction count assumes this box
     grid = ceil_div(ceil_div(n, 16) * cfg.gemv_ks, GEMV_WARPS)
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa, vp(sfb.data_ptr()), vp(d.data_ptr()), vp(c.data_ptr() if c is not None else 0),
-            ctypes.c_int(m), ctypes.c_int(rows_a), ctypes.c_int(sfa_box)]
+            ctypes.c_int(m)]
     kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid, cfg.threads,
                 args, pdl=bool(cfg.pdl))
 

@@ -40,12 +40,13 @@ struct GemvPlan {
   static constexpr int kOffA = kRing * kB, kOffSFA = kOffA + kRing * kA, kOffSFB = kOffSFA + kRing * kSFA;
   static constexpr int kOffBar = kOffSFB + kGemvWarps * ((KPW * 4 + 7) / 8 * 8);
   static constexpr int kTotal = 1024 + kOffBar + kRing * 8;
+  static_assert(kRing * kB >= kGemvWarps * 4 * MT * 32 * 4, "the slices' reduction fits in the B ring");
 };
 
 template <int OUT, int CT, int N, int K, int MT, int KS, int STAGES>
 __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
-                                          const void* __restrict__ c_ptr, int M, int a_box_rows, int sfa_box) {
+                                          const void* __restrict__ c_ptr, int M) {
   static_assert(K % 128 == 0 && N % 8 == 0, "K, N");
   static_assert(MT == 1 || MT == 2, "MT: 8 or 16 rows of A");
   static_assert(KS == 1 || KS == 2 || KS == 4 || KS == 8, "KS");
@@ -77,7 +78,7 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   grid_dep_wait();  // DEEPGEMM_PDL (sm90_gemm.cuh)
   __syncwarp();
 
-  const u32 tx = Plan::kB + a_box_rows * 128 + sfa_box * 4;
+  const u32 tx = Plan::kB + Plan::kA + (M + 3) / 4 * 16;  // A's box: 8 * MT rows; its scales' box: M rounded up to 4
   auto fill = [&](int i) {  // lane 0: block kb_lo + i into stage i % STAGES
     const int s = i % STAGES, kb = kb_lo + i;
     const u32 full = bars + 8 * s;
@@ -148,7 +149,8 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
 
   if constexpr (KS > 1) {  // slice 0 of each row group adds the other slices' tiles, in slice order
     __syncthreads();  // every warp is past its last stage: the B ring is free
-    float* red = reinterpret_cast<float*>(smem);  // [warp][4 MT][32]
+    // [warp][4 MT][32] in the pad and the B ring, from the unaligned base: no register holds smem across the K loop
+    float* red = reinterpret_cast<float*>(smem_raw);
 #pragma unroll
     for (int j = 0; j < MT; ++j)
 #pragma unroll
