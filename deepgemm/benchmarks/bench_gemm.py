@@ -222,7 +222,9 @@ def main():
     contig = [("contiguous", gm, n, k) for n, k in GROUPED_NK for gm in CONTIG]
     per_env = {"DEEPGEMM_MULTICAST": large + cases,
                "DEEPGEMM_BN256": large + contig,  # 128 x 256 tiles apply only at M > 128
-               "DEEPGEMM_TMA_STORE": large,  # dense only
+               # dense, and the grouped layouts at K = 2048 (masked: (groups, rows per group), all rows valid)
+               "DEEPGEMM_TMA_STORE": large + [c for c in contig if c[3] == 2048]
+               + [("masked", gm, 7168, 2048) for gm in MASKED],
                "DEEPGEMM_MIN_SMS": large + contig,
                # split-K applies to FP8 dense at M <= 128 only: the 18 small-M DeepSeek-V3 rows
                "DEEPGEMM_SPLIT_K": [("dense", m, n, k) for m in (1, 64, 128) for n, k in DENSE_NK],
@@ -249,7 +251,7 @@ def main():
                 peer = i == 0 and layout == "dense" and m > 1 and any(e in with_peer for e in envs)
                 row = (bench_dense(m, n, k, with_ref=False, peers=peer) if layout == "dense"
                        else bench_contiguous(*m, n, k, peers=False) if layout == "contiguous"
-                       else bench_masked(m, 64, n, k, peers=False))
+                       else bench_masked(*(m if isinstance(m, tuple) else (m, 64)), n, k, peers=False))
                 res[val] = row["ours_tflops"]
                 if row.get("cublas_block_tflops"):
                     res["cublas_block"] = row["cublas_block_tflops"]

@@ -445,6 +445,52 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
             _check(d[gi, :mg], r[gi, :mg])
 
 
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("bn256", ["0", "1"])
+def test_tma_store_grouped(bn256, fp8, monkeypatch):
+    """DEEPGEMM_TMA_STORE=1 on the grouped layouts: whole 64-row boxes leave through TMA stores, boxes holding
+    padding rows (contiguous: groups of 0-300 rows padded to 128) or rows past masked_m (masked: 0-256 of 256,
+    none a multiple of 64 but the full and empty ones) are stored directly, so those rows stay NaN; N = 7168,
+    K = 2048 (the TMA-store default), 128 x 128 and 128 x 256 tiles, 9 SMs (several tiles per CTA)."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
+    monkeypatch.setenv("DEEPGEMM_BN256", bn256)
+    n, k = 7168, 2048
+    m_indices = dg.testing.make_contiguous_m_indices([300, 0, 64, 1, 129, 200, 128, 63], device=DEV)
+    m, g = m_indices.numel(), 8
+    x, y = _rand((m, k), 71), _rand((g, n, k), 72)
+    mm = torch.tensor([256, 0, 100, 1, 64, 129, 250, 37], dtype=torch.int32)
+    xm = _rand((g, 256, k), 73)
+    old = dg.get_num_sms()
+    dg.set_num_sms(9)
+    try:
+        d = poisoned((m, n), torch.bfloat16, DEV)
+        r = torch.full((m, n), float("nan"), device=DEV)
+        assert kernels.make_config("contiguous", fp8, d, None, n, k, m, 1).tstore == 1
+        dm = poisoned((g, 256, n), torch.bfloat16, DEV)
+        rm = torch.full((g, 256, n), float("nan"), device=DEV)
+        assert kernels.make_config("masked", fp8, dm, None, n, k, 128, g).tstore == 1
+        if fp8:
+            a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+            dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+            ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
+            am = dg.per_token_cast_to_fp8(xm)
+            dg.m_grouped_fp8_gemm_nt_masked(am, b, dm, mm.to(DEV), expected_m=128)
+            ref.ref_m_grouped_gemm_nt_masked(*am, *b, rm, mm.to(DEV))
+        else:
+            dg.m_grouped_bf16_gemm_nt_contiguous(x, y, d, m_indices)
+            ref.ref_m_grouped_gemm_nt_contiguous(x, None, y, None, r, m_indices)
+            dg.m_grouped_bf16_gemm_nt_masked(xm, y, dm, mm.to(DEV), 128)
+            ref.ref_m_grouped_gemm_nt_masked(xm, None, y, None, rm, mm.to(DEV))
+    finally:
+        dg.set_num_sms(old)
+    _check_contiguous(d, r, m_indices)
+    for gi, mg in enumerate(mm.tolist()):
+        assert dm[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
+        if mg:
+            _check(dm[gi, :mg], rm[gi, :mg])
+
+
 @pytest.mark.parametrize("bn256", ["0", "1", "2"])
 def test_tma_store_epilogue(bn256, monkeypatch):
     """DEEPGEMM_TMA_STORE=1: dense BF16 outputs leave through TMA stores of swizzled 64 x 64 boxes (clipped at

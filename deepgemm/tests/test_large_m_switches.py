@@ -30,8 +30,9 @@ def test_bn256_block_choice(monkeypatch):
 
 
 def test_measured_defaults(monkeypatch):
-    """The defaults the H200 A/B picked (BENCHMARKS.md, 2026-11-29): 128 x 256 tiles at large M, TMA stores
-    for dense BF16 outputs at K <= 2048 only (deeper K keeps the two extra pipeline stages instead)."""
+    """The defaults the H200 A/B picked (BENCHMARKS.md, 2026-11-29, run 23): 128 x 256 tiles at large M, TMA stores
+    for dense and grouped-contiguous BF16 outputs at K <= 2048 only (deeper K keeps the two extra pipeline stages
+    instead), not for masked ones."""
     for var in ("DEEPGEMM_BN256", "DEEPGEMM_TMA_STORE", "DEEPGEMM_BLOCKS", "DEEPGEMM_EPILOGUE"):
         monkeypatch.delenv(var, raising=False)
     picks = {(n, k): kernels.make_config("dense", True, D, None, n, k, 4096, 1) for n, k in NK}
@@ -39,7 +40,9 @@ def test_measured_defaults(monkeypatch):
         (2112, 7168): (picks[2112, 7168].bn, 0), (24576, 1536): (256, 1), (32768, 512): (256, 1),
         (7168, 16384): (256, 0), (4096, 7168): (256, 0), (7168, 2048): (256, 1)}
     assert picks[2112, 7168].bn < 256 and all(c.rs == 0 for c in picks.values())
-    assert kernels.make_config("contiguous", True, D, None, 7168, 2048, 32768, 1).tstore == 0
+    assert kernels.make_config("contiguous", True, D, None, 7168, 2048, 32768, 1).tstore == 1
+    assert kernels.make_config("contiguous", True, D, None, 4096, 7168, 32768, 1).tstore == 0
+    assert kernels.make_config("masked", True, D, None, 7168, 2048, 256, 32).tstore == 0  # masked: only forced
     assert kernels.make_config("dense", True, D, None, 7168, 2048, 64, 1).bn < 256  # small M: unchanged
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
     assert kernels.make_config("dense", True, D, None, 4096, 7168, 4096, 1).tstore == 1
@@ -116,9 +119,10 @@ def test_bn256_kernels_compile_clean(mode, tmp_path, monkeypatch):
 
 
 def test_tma_store_config(monkeypatch):
-    """On: dense GEMMs with BF16 output, the staged epilogue and BN % 64 == 0 (both tile shapes); never the
-    grouped layouts (padding / masked rows must stay untouched), FP32 / FP8 output, the direct epilogue,
-    BN = 112; no multicast with it. The kernel gets the output's tensor map as an extra parameter."""
+    """On: GEMMs with BF16 output, the staged epilogue and BN % 64 == 0 (both tile shapes); the grouped layouts
+    only where M (contiguous) or expected_m (masked, forced only) is at least BM (the kernel stores boxes with rows that must
+    stay untouched directly); never FP32 / FP8 output, the direct epilogue, BN = 112; no multicast with it. The
+    kernel gets the output's tensor map as an extra parameter."""
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "1")
     monkeypatch.setenv("DEEPGEMM_MULTICAST", "1")
     monkeypatch.setenv("DEEPGEMM_BN256", "0")
@@ -131,8 +135,11 @@ def test_tma_store_config(monkeypatch):
     wide = kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1)
     assert (wide.bn, wide.tstore, wide.stages) == (256, 1, 3)  # 64 KB of boxes leave room for 3 stages
     assert kernels.smem_bytes(True, 2048, 128, 256, 3, 1, tstore=1) <= kernels.SMEM_LIMIT
-    assert kernels.make_config("contiguous", True, D, None, 4096, 7168, 32768, 1).tstore == 0
-    assert kernels.make_config("masked", True, D, None, 4096, 7168, 256, 4).tstore == 0
+    assert kernels.make_config("contiguous", True, D, None, 4096, 7168, 32768, 1).tstore == 1
+    grouped = kernels.make_config("masked", True, D, None, 4096, 7168, 256, 4)
+    assert grouped.tstore == 1 and "const __grid_constant__ dg::TmaDesc tma_d)" in kernels.kernel_source(grouped)
+    small = kernels.make_config("masked", True, D, None, 4096, 7168, 32, 4)
+    assert small.bm > 32 and small.tstore == 0  # expected_m below BM: most boxes would be partial
     assert kernels.make_config("dense", True, torch.empty(1, 1), None, 7168, 2048, 4096, 1).tstore == 0
     monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x112")
     assert kernels.make_config("dense", True, D, None, 2112, 7168, 4096, 1).tstore == 0  # BN = 112

@@ -290,9 +290,10 @@ struct SmemPlan {
 // warp arrives on the empty barrier of its own CTA and of the peer (count doubled). No CTA exits before
 // its peer (cluster barrier at the end): the peer may still multicast into it or arrive on its barriers.
 // FP8 BN = 256 (DEEPGEMM_BN256, BM = 128): each consumer warpgroup takes the B tile in two 128-column halves
-// per K block (see WIDE below). TSTORE = 1 (dense, BF16 output, staged, BN % 64 == 0; DEEPGEMM_TMA_STORE): the
+// per K block (see WIDE below). TSTORE = 1 (BF16 output, staged, BN % 64 == 0; DEEPGEMM_TMA_STORE): the
 // epilogue writes one 128-byte-swizzled 64 x 64 box per 64-column pass (placed after the B stages, 1024-
-// aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [M, N]); it waits for the previous
+// aligned) and one thread per warpgroup TMA-stores them (tma_d: D as [(G *) M, N]; a grouped box with rows
+// that must stay untouched is stored directly instead); it waits for the previous
 // tile's stores to have read the boxes before rewriting them, and for all of them before the CTA exits.
 // SPLITK = S > 0 (DEEPGEMM_SPLIT_K; FP8 dense, direct epilogue, no MCAST 1/TSTORE/wide tile): cross-CTA
 // split-K. A work unit is (tile, slice): slice s of S takes K blocks [s * KB / S, (s + 1) * KB / S) (at least
@@ -323,8 +324,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + BN - 1) / BN;
   using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT, TSTORE>;
-  static_assert(!TSTORE || (KIND == kDense && OUT == kOutBF16 && EPI == 1 && BN % 64 == 0),
-                "TSTORE: dense, BF16 output, staged epilogue, BN a multiple of 64");
+  static_assert(!TSTORE || (OUT == kOutBF16 && EPI == 1 && BN % 64 == 0),
+                "TSTORE: BF16 output, staged epilogue, BN a multiple of 64");
   static_assert(EPI == 0 || OUT == kOutBF16, "staged epilogue is BF16-only");
   constexpr int A_BYTES = Plan::kABytes, B_BYTES = Plan::kBBytes, SFA_BYTES = Plan::kSFABytes;
   static_assert(BM == 64 || BM == 128, "BM");
@@ -728,7 +729,42 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     valid_rows<KIND>(grouped, g, M, limit, row_off);
     const int row_wg = m_blk * BM + wrow * 64;  // first row of this warpgroup's 64
     const int col_t = n_blk * BN;
-    if constexpr (TSTORE) {
+    auto store_direct = [&]() {  // each thread its own elements, straight to global memory
+      const int col0 = col_t + (lane % 4) * 2;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row_wg + r_in_wg + half * 8;
+        if (r >= limit) continue;
+        if (KIND == kContiguous && grouped[r] < 0) continue;
+        const long long off = (row_off + r) * (long long)N;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = col0 + j * 8;
+          if (col >= N) continue;
+          float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
+          add_c<CT>(c_ptr, off + col, v0, v1);
+          if (OUT == kOutBF16) {
+            *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(d_ptr) + off + col) = pack_bf16(v0, v1);
+          } else if (OUT == kOutF32) {
+            *reinterpret_cast<Float2*>(reinterpret_cast<float*>(d_ptr) + off + col) = Float2{v0, v1};
+          } else {
+            *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(d_ptr) + off + col) = pack_fp8(v0, v1);
+          }
+        }
+      }
+    };
+    // TSTORE writes whole 64-row boxes: dense ones are clipped at M by the TMA unit; a grouped box goes out
+    // by TMA only if every row of it may be written (inside the group's masked_m; no padding row), else by
+    // store_direct. Uniform over the warpgroup: every warp reads the same 64 entries.
+    bool whole_box = true;
+    if constexpr (TSTORE && KIND != kDense) {
+      whole_box = row_wg + 64 <= limit;
+      if (KIND == kContiguous && whole_box)
+        whole_box = __all_sync(~0u, grouped[row_wg + lane] >= 0 && grouped[row_wg + 32 + lane] >= 0);
+    }
+    if (TSTORE && !whole_box) {
+      store_direct();
+    } else if constexpr (TSTORE) {
       // registers -> one swizzled 64 x 64 box per 64-column pass -> TMA store (clipped at M and N); the
       // warpgroup goes on to the next tile while the TMA engine writes this one out
       constexpr int PASSES = BN / 64;
@@ -758,7 +794,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       if (wtid == 0) {
 #pragma unroll
         for (int pass = 0; pass < PASSES; ++pass)
-          tma_store_2d(tma_d, smem_addr(buf) + pass * 8192, col_t + pass * 64, row_wg);
+          tma_store_2d(tma_d, smem_addr(buf) + pass * 8192, col_t + pass * 64, (int)row_off + row_wg);
         bulk_commit();
       }
     } else if constexpr (EPI == 1) {
@@ -800,28 +836,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         for (int pass = 0; pass < BN / EW; ++pass) epi_pass(pass * EW);
       }
     } else {
-      const int col0 = col_t + (lane % 4) * 2;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = row_wg + r_in_wg + half * 8;
-        if (r >= limit) continue;
-        if (KIND == kContiguous && grouped[r] < 0) continue;
-        const long long off = (row_off + r) * (long long)N;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          const int col = col0 + j * 8;
-          if (col >= N) continue;
-          float v0 = acc[j * 4 + half * 2], v1 = acc[j * 4 + half * 2 + 1];
-          add_c<CT>(c_ptr, off + col, v0, v1);
-          if (OUT == kOutBF16) {
-            *reinterpret_cast<u32*>(reinterpret_cast<unsigned short*>(d_ptr) + off + col) = pack_bf16(v0, v1);
-          } else if (OUT == kOutF32) {
-            *reinterpret_cast<Float2*>(reinterpret_cast<float*>(d_ptr) + off + col) = Float2{v0, v1};
-          } else {
-            *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(d_ptr) + off + col) = pack_fp8(v0, v1);
-          }
-        }
-      }
+      store_direct();
     }
     advance();
   }
