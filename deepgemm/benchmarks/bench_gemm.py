@@ -120,23 +120,26 @@ def bench_dense(m, n, k, with_ref=True, peers=True):
 
 
 def bench_contiguous(g, mg, n, k, peers=True):
-    m = g * mg
+    """g groups of mg rows each, padded to 128 (rows counted: the g * mg valid ones)."""
+    idx = dg.testing.make_contiguous_m_indices([mg] * g, device="cuda")
+    m = idx.numel()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(g, n, k, device="cuda", dtype=torch.bfloat16)
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
     a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
-    idx = dg.testing.make_contiguous_m_indices([mg] * g, device="cuda")
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    flops, nbytes = 2 * m * n * k, m * k + g * n * k + 2 * m * n
+    flops, nbytes = 2 * g * mg * n * k, g * mg * k + g * n * k + 2 * g * mg * n
     t = time_graph([lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, idx)])
     r = torch.empty(m, n, device="cuda")
     ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, idx)
     row = {"layout": "contiguous", "groups": g, "m_per_group": mg, "n": n, "k": k, "ours_us": t * 1e6,
-           "ours_tflops": flops / t / 1e12, "ours_gbs": nbytes / t / 1e9, "diff": dg.calc_diff(d, r)}
+           "ours_tflops": flops / t / 1e12, "ours_gbs": nbytes / t / 1e9,
+           "diff": dg.calc_diff(d[idx >= 0], r[idx >= 0])}  # padding rows: never written
     if not peers:
         return row
     try:  # peer: one blockwise cuBLAS GEMM per group
-        fns = [scaled_mm_blockwise(a[0][i * mg:(i + 1) * mg], a[1][i * mg:(i + 1) * mg].contiguous(),
+        pg = -(-mg // 128) * 128  # a group's rows start every pg rows
+        fns = [scaled_mm_blockwise(a[0][i * pg:i * pg + mg], a[1][i * pg:i * pg + mg].contiguous(),
                                    b[0][i], b[1][i])[0] for i in range(g)]
         tb = time_graph([lambda: [f() for f in fns]])
         row.update(cublas_block_tflops=flops / tb / 1e12, speedup_vs_block=tb / t)
@@ -222,8 +225,10 @@ def main():
     contig = [("contiguous", gm, n, k) for n, k in GROUPED_NK for gm in CONTIG]
     per_env = {"DEEPGEMM_MULTICAST": large + cases,
                "DEEPGEMM_BN256": large + contig,  # 128 x 256 tiles apply only at M > 128
-               # dense, and the grouped layouts at K = 2048 (masked: (groups, rows per group), all rows valid)
+               # dense, and the grouped layouts at K = 2048 ((groups, rows per group); contiguous groups padded
+               # to 128 rows too, whose boxes with padding are stored directly; masked: all rows valid)
                "DEEPGEMM_TMA_STORE": large + [c for c in contig if c[3] == 2048]
+               + [("contiguous", gm, 7168, 2048) for gm in ((8, 1000), (32, 96), (64, 40), (128, 64))]
                + [("masked", gm, 7168, 2048) for gm in MASKED],
                "DEEPGEMM_MIN_SMS": large + contig,
                # split-K applies to FP8 dense at M <= 128 only: the 18 small-M DeepSeek-V3 rows
