@@ -609,6 +609,10 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
 _NULL_DESC = runtime.TmaDesc()
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def sfa_tensor_map(sfa: torch.Tensor, box: int) -> runtime.TmaDesc:
     """A's scales, [(G,) M, KB] MN-major with the M stride padded to 4, as a tensor map over the row-major
     [(G *) KB, M_al] view: boxes of `box` rows of A in one K block."""
@@ -647,8 +651,8 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
     if cfg.tstore:  # D as [M, N] BF16, 64 x 64 boxes, 128-byte swizzle (the kernel's shared-memory layout)
         args.append(runtime.tensor_map_2d(d.data_ptr(), runtime.DT_BFLOAT16, n, d.numel() // n, n * 2, 64, 64,
                                           runtime.SWIZZLE_128B))
-    kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(),
-                launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args, pdl=bool(cfg.pdl))
+    kern.launch(_device_index(d.device), launch_grid(cfg, tiles, get_num_sms()), cfg.threads, args,
+                pdl=bool(cfg.pdl))
 
 
 _workspaces: dict = {}
@@ -662,7 +666,7 @@ def split_k_workspace(device: torch.device, floats: int, counters: int) -> tuple
     GEMMs of a device share it: they must not run concurrently on two streams. While a CUDA graph is being
     captured a cache that is too small is not grown: the call gets buffers of its own (their zeroing is
     captured with it), so warm up eagerly before capturing to keep the graph free of that memset."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
+    key = _device_index(device)
     hit = _workspaces.get(key)
     if hit is not None and hit[0].numel() >= floats and hit[1].numel() >= counters:
         return hit
@@ -705,8 +709,7 @@ def _launch_gemv(cfg: Config, a, sfa, b, sfb, d, c, m: int) -> None:
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa, vp(sfb.data_ptr()), vp(d.data_ptr()), vp(c.data_ptr() if c is not None else 0),
             ctypes.c_int(m)]
-    kern.launch(d.device.index if d.device.index is not None else torch.cuda.current_device(), grid, cfg.threads,
-                args, pdl=bool(cfg.pdl))
+    kern.launch(_device_index(d.device), grid, cfg.threads, args, pdl=bool(cfg.pdl))
 
 
 def gemm_nt(a, sfa, b, sfb, d, c) -> None:
