@@ -28,7 +28,7 @@ if [ "$MODE" = full ] || [ "$MODE" = repro ]; then
   echo "repro exit: ${PIPESTATUS[0]}"
 fi
 if [ "$MODE" = tune ]; then  # forced block sizes / multicast beside the cost model's choice
-  timeout ${TUNE_TIMEOUT:-450} python3 deepgemm/scripts/tune_blocks.py --budget ${TUNE_BUDGET:-420} --json $OUT/tune.json 2>&1 | tee $OUT/tune.log
+  timeout ${TUNE_TIMEOUT:-450} python3 deepgemm/scripts/tune_blocks.py --budget ${TUNE_BUDGET:-420} ${TUNE_ARGS:-} --json $OUT/tune.json 2>&1 | tee $OUT/tune.log
 fi
 if [ "$MODE" != tests ] && [ "$MODE" != repro ] && [ "$MODE" != tune ]; then
   BARGS=$([ "$MODE" = ab ] && echo "--quick ${AB_COMPARE:---compare DEEPGEMM_BN256&DEEPGEMM_TMA_STORE=0&0,1&0,2&0,0&1,1&1,2&1 --compare DEEPGEMM_MIN_SMS=0,1}" || { [ "$MODE" = full ] || [ "$MODE" = bench ] && echo "--compare DEEPGEMM_KSPLIT=0,1 --compare DEEPGEMM_SMALL_M_BN=fill,pow2 --compare DEEPGEMM_SWAP_AB=0,1,2 --compare DEEPGEMM_PIPE=0,1 --compare DEEPGEMM_MULTICAST=0,1" || echo "--quick"; })

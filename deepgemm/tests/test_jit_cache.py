@@ -211,6 +211,30 @@ def test_block_choice_and_smem():
     assert kernels.choose_blocks(64, 2112, 1, 132) == (64, 16)  # 2112 / 16 = 132 tiles
 
 
+def test_small_m_prefers_128_row_tiles_with_pipe(monkeypatch):
+    """64 < M <= 128, FP8 dense (PIPE on): one 128-row tile of half the width instead of two 64-row tiles
+    (BENCHMARKS.md run 28: 1.06-1.47x at N >= 4096); masked (no PIPE), DEEPGEMM_PIPE=0, M <= 64, the split-K
+    shapes and BF16 keep their tiles."""
+    import torch
+    for var in ("DEEPGEMM_PIPE", "DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV"):
+        monkeypatch.delenv(var, raising=False)
+    d = torch.empty(1, 1, dtype=torch.bfloat16)
+
+    def tiles(kind, m, n, k, groups=1, fp8=True):
+        cfg = kernels.make_config(kind, fp8, d, None, n, k, m, groups)
+        return cfg.bm, cfg.bn, cfg.splitk
+
+    assert tiles("dense", 128, 7168, 2048) == (128, 56, 0)
+    assert tiles("dense", 80, 4096, 7168) == (128, 32, 0)
+    assert tiles("dense", 128, 4096, 7168) == (64, 64, 0)  # 25 % more bytes per SM: not worth it at 128 rows
+    assert tiles("dense", 128, 7168, 16384)[2] == 2  # split-K as before
+    assert tiles("dense", 64, 7168, 2048)[0] == 64
+    assert tiles("masked", 128, 7168, 2048) == (64, 112, 0)
+    assert tiles("dense", 128, 7168, 2048, fp8=False) == tiles("masked", 128, 7168, 2048, fp8=False)
+    monkeypatch.setenv("DEEPGEMM_PIPE", "0")
+    assert tiles("dense", 128, 7168, 2048) == (64, 112, 0)
+
+
 def test_make_config_switches(monkeypatch):
     import torch
     d = torch.empty(1, 1, dtype=torch.bfloat16)

@@ -53,6 +53,12 @@ BN256_DEFAULT = "1"
 # said 0.93 and 0.86), which made it pick 128 x 112 at N = 2112 where 128 x 128 measured 1.11x faster.
 # Not applied at M <= 128, where those runs differ by less than their noise.
 STRADDLE_COST = 1.2
+# Small M (FP8 dense, 64 < M <= SMALL_M, where 128-row tiles run two K blocks in flight): the bytes a 64-row tile
+# streams cost this much more than a 128-row one's. (Its two warpgroups take alternate K blocks and add their
+# partial tiles at the end.) H200 (BENCHMARKS.md run 28), tiles of one wave: at M = 128, 128 x 64 ran 1.04-1.14x
+# faster than 64 x 112 at N = 7168 (9 % more bytes per SM) and 128 x 32 0.94-1.03x as fast as 64 x 64 at N = 4096
+# (25 % more), so the factor lies between 1.09 and 1.25.
+SMALL_M_BM64_COST = 1.15
 BN256_COST = 0.9  # the model's per-FLOP cost of a 128 x 256 tile relative to 128 x 128 (smem bytes per FLOP: 144.5 / 161)
 # BF16 output, staged epilogue, BN a multiple of 64 (grouped layouts: M, or expected_m, >= BM; masked only under
 # =1): the tile leaves through TMA stores of swizzled 64 x 64 boxes (no LDS/STG copy-out; the warpgroups start the
@@ -196,11 +202,15 @@ def straddles(bn: int) -> bool:
     return bool(128 % bn and bn % 128)
 
 
-def tile_cost(bm: int, bn: int, compute_bound: bool = False) -> float:
+def tile_cost(bm: int, bn: int, compute_bound: bool = False, rows: int = 0) -> float:
     """Relative time of one 128-wide K block of a tile on one SM: the larger of the tensor-core
     work (a single consumer warpgroup, BM = 64, idles while it rescales: x1.5) and the bytes
     streamed in (64 units per row of A or B: balances a 128x128 tile). compute_bound (M > SMALL_M):
-    widths that straddle B's scale blocks cost STRADDLE_COST more tensor-core time per FLOP."""
+    widths that straddle B's scale blocks cost STRADDLE_COST more tensor-core time per FLOP.
+    rows (FP8, 64 < M <= SMALL_M): the rows of A the fullest tile loads; such tiles wait on their bytes
+    (the tensor-core term is left out), and 64-row tiles' bytes cost SMALL_M_BM64_COST more."""
+    if rows:
+        return (rows + bn) * 64.0 * (SMALL_M_BM64_COST if bm == 64 else 1.0)
     mma = bm * bn * (1.5 if bm == 64 else BN256_COST if bn > 128 else 1.0)
     if compute_bound and straddles(bn):
         mma *= STRADDLE_COST
@@ -314,21 +324,29 @@ def gemv_stages(mt: int, k: int, ks: int) -> int:
 
 
 def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
-                  small_m_bn: str = SMALL_M_BN_DEFAULT, bn256: bool = False) -> tuple[int, int]:
+                  small_m_bn: str = SMALL_M_BN_DEFAULT, bn256: bool = False, by_rows: bool = False) -> tuple[int, int]:
     """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems.
     small_m_bn="pow2" restricts FP8 BN to powers of two when m <= SMALL_M; bn256 adds FP8 128 x 256
-    tiles when m > SMALL_M."""
+    tiles when m > SMALL_M. by_rows (where 128-row tiles run two K blocks in flight, PIPE): FP8 at
+    64 < M <= SMALL_M, cost the rows of A that exist and 64-row tiles' SMALL_M_BM64_COST. (Without PIPE
+    the 64-row tiles kept up: masked, run 28. choose_split_k's gain bars were fitted against the picks
+    without it, and run 28 measured its splits faster there as they were.)"""
     if small_m_bn not in ("fill", "pow2"):
         raise ValueError(f"DEEPGEMM_SMALL_M_BN: expected 'fill' or 'pow2', got {small_m_bn!r}")
     bns = BLOCK_NS_BF16
     if fp8:
         bns = BLOCK_NS_FP8_POW2 if small_m_bn == "pow2" and m <= SMALL_M else BLOCK_NS_FP8
     best = None
+    small = fp8 and m <= SMALL_M
     for bm in BLOCK_MS:
+        if small and by_rows and bm > 64 >= m:
+            continue
         wide = (BLOCK_N_FP8_WIDE,) if fp8 and bn256 and bm == 128 and m > SMALL_M else ()
+        # 64 < M <= 128: the rows of A the fullest tile loads (TMA boxes come in 8s)
+        rows = min(bm, ceil_div(m, 8) * 8) if small and by_rows and m > 64 else 0
         for bn in bns + wide:
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
-            cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn, m > SMALL_M)
+            cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn, m > SMALL_M, rows)
             # tie-breaks: fewer tiles (less re-reading of A and B), then the wider BN: 64 x 128 over 128 x 64
             # (FP8 BM = 64 splits K between its two warpgroups, which then read 25 % fewer shared-memory bytes
             # per FLOP than 128 x 64's; H200, masked 1 x 256 x 4096 x 7168: 1.29x)
@@ -433,7 +451,7 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         # PIPE: each consumer warpgroup's K blocks in pairs, two in flight
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, 0, ksplit,
                       pipe=int(pipe_on), mcast=mcast, min_sms=min_sms, splitk=s)
-    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0")
+    bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0", pipe_on)
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
     epi = int(d_dtype == torch.bfloat16 and epi_env == "staged")

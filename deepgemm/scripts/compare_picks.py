@@ -1,0 +1,64 @@
+"""Time FP8 GEMMs under a few named configurations each (environment settings such as DEEPGEMM_BLOCKS and
+DEEPGEMM_SPLIT_K), in alternating rounds, keeping each configuration's best; for checking a change of the
+block or split choice against the picks it replaces. GPU only; one device call:
+
+    python deepgemm/scripts/compare_picks.py CASES.json [--rounds 3] [--json OUT.json]
+
+CASES.json: a list of {"layout": "dense" | "masked", "m": M (per group), "n": N, "k": K, "groups": G,
+"configs": {"name": {"DEEPGEMM_BLOCKS": "128x64", "DEEPGEMM_SPLIT_K": "0"}, ...}}. Prints TFLOPS per
+configuration and each one's ratio to the first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from bench_gemm import bench_dense, bench_masked  # noqa: E402
+
+KNOBS = ("DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV", "DEEPGEMM_MULTICAST")
+
+
+def measure(case, env):
+    for var in KNOBS:
+        os.environ.pop(var, None)
+    os.environ.update(env)
+    m, n, k, g = case["m"], case["n"], case["k"], case.get("groups", 1)
+    row = (bench_dense(m, n, k, with_ref=False, peers=False) if case["layout"] == "dense"
+           else bench_masked(g, m, n, k, peers=False))
+    return row["ours_tflops"] if row["diff"] < 1e-5 else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cases")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("compare_picks: needs a CUDA device")
+        return 0
+    cases = json.load(open(args.cases))
+    for case in cases:
+        best = {name: 0.0 for name in case["configs"]}
+        for _ in range(args.rounds):
+            for name, env in case["configs"].items():
+                best[name] = max(best[name], measure(case, env))
+        case["tflops"] = best
+        first = next(iter(best.values()))
+        print(f"{case['layout']:6s} {case.get('groups', 1):2d} x {case['m']:4d} x {case['n']:5d} x {case['k']:5d}: "
+              + "  ".join(f"{name} {v:6.1f} ({v / first:.2f})" for name, v in best.items()), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(cases, f, indent=1)
+    for var in KNOBS:
+        os.environ.pop(var, None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
