@@ -213,8 +213,8 @@ def test_block_choice_and_smem():
 
 def test_small_m_prefers_128_row_tiles_with_pipe(monkeypatch):
     """64 < M <= 128, FP8 dense (PIPE on): one 128-row tile of half the width instead of two 64-row tiles
-    (BENCHMARKS.md run 28: 1.06-1.47x at N >= 4096); masked (no PIPE), DEEPGEMM_PIPE=0, M <= 64, the split-K
-    shapes and BF16 keep their tiles."""
+    where it is >= 32 wide and fills 3/4 of the SMs (BENCHMARKS.md runs 28-29: 1.06-1.47x at N >= 4096);
+    masked (no PIPE), DEEPGEMM_PIPE=0, M <= 64, the split-K shapes and BF16 keep their tiles."""
     import torch
     for var in ("DEEPGEMM_PIPE", "DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV"):
         monkeypatch.delenv(var, raising=False)
@@ -227,6 +227,8 @@ def test_small_m_prefers_128_row_tiles_with_pipe(monkeypatch):
     assert tiles("dense", 128, 7168, 2048) == (128, 56, 0)
     assert tiles("dense", 80, 4096, 7168) == (128, 32, 0)
     assert tiles("dense", 128, 4096, 7168) == (64, 64, 0)  # 25 % more bytes per SM: not worth it at 128 rows
+    assert tiles("dense", 96, 3072, 2048) == (64, 48, 0)  # not 128 x 24: under 32 wide (run 29: 0.91-1.04x)
+    assert tiles("dense", 72, 2048, 2048) == (64, 32, 0)  # nor 128 x 32: 64 tiles, half the SMs
     assert tiles("dense", 128, 7168, 16384)[2] == 2  # split-K as before
     assert tiles("dense", 64, 7168, 2048)[0] == 64
     assert tiles("masked", 128, 7168, 2048) == (64, 112, 0)

@@ -328,22 +328,29 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
     """Block sizes minimising waves x per-tile cost for `groups` independent M x N problems.
     small_m_bn="pow2" restricts FP8 BN to powers of two when m <= SMALL_M; bn256 adds FP8 128 x 256
     tiles when m > SMALL_M. by_rows (where 128-row tiles run two K blocks in flight, PIPE): FP8 at
-    64 < M <= SMALL_M, cost the rows of A that exist and 64-row tiles' SMALL_M_BM64_COST. (Without PIPE
-    the 64-row tiles kept up: masked, run 28. choose_split_k's gain bars were fitted against the picks
-    without it, and run 28 measured its splits faster there as they were.)"""
+    64 < M <= SMALL_M, the pick of a model that costs the rows of A that exist and 64-row tiles'
+    SMALL_M_BM64_COST may replace a 64-row tile by a 128-row one of about half the width, where that is at
+    least 32 wide and its tiles still occupy 3/4 of the SMs (narrower or fewer: 0.88-1.01x, BENCHMARKS.md
+    run 29). Without PIPE the 64-row tiles kept up (masked, run 28); choose_split_k's gain bars were fitted
+    against the picks without it, and run 28 measured its splits faster there as they were."""
     if small_m_bn not in ("fill", "pow2"):
         raise ValueError(f"DEEPGEMM_SMALL_M_BN: expected 'fill' or 'pow2', got {small_m_bn!r}")
     bns = BLOCK_NS_BF16
     if fp8:
         bns = BLOCK_NS_FP8_POW2 if small_m_bn == "pow2" and m <= SMALL_M else BLOCK_NS_FP8
+    pick = _cheapest_blocks(m, n, groups, num_sms, fp8, bns, bn256, False)
+    if by_rows and fp8 and 64 < m <= SMALL_M and pick[0] == 64:
+        bm, bn = _cheapest_blocks(m, n, groups, num_sms, fp8, bns, bn256, True)
+        if bm == 128 and bn >= 32 and 4 * groups * ceil_div(n, bn) >= 3 * num_sms:
+            return bm, bn
+    return pick
+
+
+def _cheapest_blocks(m, n, groups, num_sms, fp8, bns, bn256, by_rows) -> tuple[int, int]:
     best = None
-    small = fp8 and m <= SMALL_M
     for bm in BLOCK_MS:
-        if small and by_rows and bm > 64 >= m:
-            continue
         wide = (BLOCK_N_FP8_WIDE,) if fp8 and bn256 and bm == 128 and m > SMALL_M else ()
-        # 64 < M <= 128: the rows of A the fullest tile loads (TMA boxes come in 8s)
-        rows = min(bm, ceil_div(m, 8) * 8) if small and by_rows and m > 64 else 0
+        rows = min(bm, ceil_div(m, 8) * 8) if by_rows else 0  # the rows of A the fullest tile loads (in 8s)
         for bn in bns + wide:
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
             cost = ceil_div(tiles, num_sms) * tile_cost(bm, bn, m > SMALL_M, rows)
