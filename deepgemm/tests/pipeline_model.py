@@ -12,7 +12,8 @@ protocol violations:
 Modelled: one producer thread filling stages in order; KSPLIT = 1: two consumer warpgroups taking
 alternate K blocks of each tile (kb % 2), each warpgroup's release counted as one arrival on a
 barrier initialised with count 1 (the kernel: 4 warps, count 4), and the named barrier 3 that
-both warpgroups pass at the end of every tile; KSPLIT = 0: one warpgroup takes every K block.
+both warpgroups pass at the end of every tile; KSPLIT = 0: one warpgroup takes every K block; PIPE:
+a warpgroup's K blocks in pairs (both stages waited for, then both released).
 """
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ class MBarrier:
         self._maybe_complete()
 
 
-def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_tma: bool = False) -> list[str]:
-    """One random run of one CTA that computes `tiles` tiles of `kb` K blocks. Returns violations."""
+def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_tma: bool = False,
+             pipe: int = 0) -> list[str]:
+    """One random run of one CTA that computes `tiles` tiles of `kb` K blocks. Returns violations.
+    pipe = 1: each warpgroup takes its K blocks in pairs, waiting for both stages before it releases
+    either (an odd last block alone)."""
     rng = random.Random(seed)
     nwg = 2 if ksplit else 1
     full = [MBarrier(1) for _ in range(stages)]
@@ -54,12 +58,17 @@ def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_
     in_flight: list[int] = []  # fills whose TMA has not completed, in issue order
     total = tiles * kb
     prod = 0  # next fill the producer issues
-    # each consumer's program: ("fill", i) for its K blocks, ("bar3", tile) at the end of each tile
+    # each consumer's program: ("acq", i) waits for fill i and reads it, ("rel", i) frees its stage, for its K
+    # blocks; ("bar3", tile) at the end of each tile
     progs = []
     for w in range(nwg):
         p = []
         for t in range(tiles):
-            p += [("fill", t * kb + k) for k in range(w, kb, nwg)]
+            mine = [t * kb + k for k in range(w, kb, nwg)]
+            step = 2 if pipe else 1
+            for j in range(0, len(mine), step):
+                group = mine[j:j + step]
+                p += [("acq", i) for i in group] + [("rel", i) for i in group]
             if ksplit:
                 p.append(("bar3", t))
         progs.append(p)
@@ -77,7 +86,7 @@ def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_
             if pc[w] >= len(progs[w]):
                 continue
             op, i = progs[w][pc[w]]
-            if op == "fill" and full[i % stages].passes((i // stages) & 1):
+            if op == "rel" or (op == "acq" and full[i % stages].passes((i // stages) & 1)):
                 actions.append(w)
             if op == "bar3" and (not arrived[w] or bar3[i] == nwg):
                 actions.append(w)
@@ -97,12 +106,14 @@ def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_
         else:
             w = a
             op, i = progs[w][pc[w]]
-            if op == "fill":
+            if op == "acq":
                 s = i % stages
                 if landed[s] != i:
                     viol.append(f"early read: warpgroup {w} read fill {i} from stage {s} holding fill {landed[s]}")
-                if not empty[s].arrive():
-                    viol.append(f"over-arrival on empty[{s}] by warpgroup {w} (fill {i})")
+                pc[w] += 1
+            elif op == "rel":
+                if not empty[i % stages].arrive():
+                    viol.append(f"over-arrival on empty[{i % stages}] by warpgroup {w} (fill {i})")
                 pc[w] += 1
             elif not arrived[w]:  # bar.sync 3: arrive, then pass once every warpgroup has arrived
                 arrived[w] = True
@@ -118,10 +129,10 @@ def simulate(stages: int, kb: int, tiles: int, ksplit: int, seed: int, in_order_
 
 
 def find_violation(stages: int, kb: int, tiles: int, ksplit: int, runs: int = 200,
-                   in_order_tma: bool = False) -> list[str]:
+                   in_order_tma: bool = False, pipe: int = 0) -> list[str]:
     """Violations of the first of `runs` random runs that has any (empty list: none found)."""
     for seed in range(runs):
-        v = simulate(stages, kb, tiles, ksplit, seed, in_order_tma)
+        v = simulate(stages, kb, tiles, ksplit, seed, in_order_tma, pipe)
         if v:
             return v
     return []

@@ -181,8 +181,10 @@ def test_small_m_switches(monkeypatch):
     p = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
     assert p.pipe == 1 and kernels.kernel_source(p).count(f"{p.stages}, 1, 0, 1>(") == 1
     assert kernels.make_config("dense", False, d, None, 7168, 2048, 64, 1).pipe == 0  # BF16
-    monkeypatch.setenv("DEEPGEMM_KSPLIT", "1")
-    assert kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1).pipe == 0  # not with the K split
+    monkeypatch.setenv("DEEPGEMM_KSPLIT", "1")  # with the K split too: each warpgroup's blocks in pairs
+    p = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
+    assert p.ksplit == 1 and p.pipe == 1 and p.stages >= 4
+    assert kernels.make_config("dense", True, d, None, 4096, 384, 64, 1).pipe == 0  # 2 stages: too few for pairs
     monkeypatch.setenv("DEEPGEMM_PIPE", "2")
     with pytest.raises(ValueError, match="DEEPGEMM_PIPE"):
         kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)

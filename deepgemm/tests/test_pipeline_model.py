@@ -23,9 +23,25 @@ def test_even_stages_are_safe_with_the_k_split(stages, kb):
     assert find_violation(stages, kb, tiles=3, ksplit=1, runs=25) == []
 
 
+@pytest.mark.parametrize("stages", [4, 6, 8, 12])
+@pytest.mark.parametrize("kb", [2, 3, 5, 16, 56])
+def test_pairs_with_the_k_split_are_safe_from_four_stages(stages, kb):
+    """PIPE with the K split: each warpgroup holds two of its own stages at once."""
+    assert find_violation(stages, kb, tiles=3, ksplit=1, runs=25, pipe=1) == []
+
+
+def test_pairs_with_the_k_split_deadlock_on_two_stages():
+    """Two stages: a warpgroup waits for its second block's stage, which only its own release frees. The host
+    keeps PIPE off there (kernels._choose_config: stages >= 4; the kernel's static_assert)."""
+    v = find_violation(2, kb=8, tiles=1, ksplit=1, runs=5, pipe=1)
+    assert any(x.startswith("deadlock") for x in v), v
+    assert kernels.make_config("dense", True, torch.empty(1, 1, dtype=torch.bfloat16), None, 4096, 384, 64, 1).pipe == 0
+
+
 @pytest.mark.parametrize("stages", [3, 7, 9])
-def test_one_consumer_warpgroup_is_safe_with_any_depth(stages):
-    assert find_violation(stages, kb=16, tiles=3, ksplit=0, runs=25) == []
+@pytest.mark.parametrize("pipe", [0, 1])
+def test_one_consumer_warpgroup_is_safe_with_any_depth(stages, pipe):
+    assert find_violation(stages, kb=16, tiles=3, ksplit=0, runs=25, pipe=pipe) == []
 
 
 def test_k_split_configs_have_even_stages(monkeypatch):

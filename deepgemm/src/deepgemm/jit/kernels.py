@@ -31,7 +31,7 @@ SMALL_M = 128
 # DEEPGEMM_SWAP_AB=0|1|2 overrides (2: two K blocks in flight). Off by default: compile-checked, not measured.
 SWAP_AB_DEFAULT = "0"
 SWAP_MAX_M = 16
-# FP8 without the K split, and split-K: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1|auto.
+# FP8 (with the K split: >= 4 stages) and split-K: two K blocks in flight per consumer warpgroup; DEEPGEMM_PIPE=0|1|auto.
 # auto (default): on for FP8 dense GEMMs with 16 < M <= SMALL_M (+2 % geo-mean at M = 64 / 128, up to +8 %,
 # BENCHMARKS.md run 13c), off elsewhere (within noise at M = 4096, run 4; mixed at M = 1).
 PIPE_DEFAULT = "auto"
@@ -135,7 +135,7 @@ class Config:
     epi: int = 0  # 1: staged (shared memory, 16-byte coalesced stores) BF16 epilogue
     ksplit: int = 0  # 1 (FP8, BM = 64): two consumer warpgroups take alternate K blocks
     swap: int = 0  # 1 / 2 (FP8, M <= 16): swap-AB kernel (2: pipelined); bm = rows of A per tile (8 / 16), bn = 64
-    pipe: int = 0  # 1 (FP8, no K split): two K blocks in flight per consumer warpgroup
+    pipe: int = 0  # 1 (FP8; K split: >= 4 stages): two K blocks in flight per consumer warpgroup
     mcast: int = 0  # 2-CTA clusters: 1 multicast B (dense, BM = 128, even M blocks); 2 multicast A (even N blocks)
     tstore: int = 0  # 1 (BF16 out, staged, BN % 64 == 0): epilogue through TMA stores
     min_sms: int = 0  # 1: launch only as many CTAs as the waves of tiles need (launch_grid)
@@ -475,7 +475,9 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     wide = fp8 and bn > 128  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
     rs = int(wide and bn256_env == "2")
-    pipe = int(fp8 and not ksplit and not wide and pipe_on)
+    # with the K split each warpgroup holds two stages of its own: four at least (run 30: 1.00-1.04x at M = 24-64);
+    # there DEEPGEMM_MULTICAST=1 keeps its pairs instead (the kernel has no PIPE with MCAST outside split-K)
+    pipe = int(fp8 and not wide and pipe_on and (not ksplit or (stages >= 4 and mcast_env != "1")))
     # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
     # an even count of those, and a grid of >= 2 CTAs
     mcast = 0

@@ -315,7 +315,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int NUM_MATH_WG = KSPLIT ? 2 : BM / 64;
   constexpr int KSTEP = KSPLIT ? 2 : 1;
   static_assert(!KSPLIT || (FP8 && BM == 64 && K / 128 >= 2), "KSPLIT: FP8, BM = 64, >= 2 K blocks");
-  static_assert(!PIPE || (FP8 && (!KSPLIT || SPLITK) && STAGES >= 2), "PIPE: FP8 without KSPLIT (but for SPLITK), >= 2 stages");
+  // (with KSPLIT each warpgroup holds two of its own stages; split-K gets a depth of 2 only with <= 3 K blocks in
+  // all, so a slice gives each warpgroup one block at most and no pair)
+  static_assert(!PIPE || (FP8 && STAGES >= (KSPLIT && !SPLITK ? 4 : 2)), "PIPE: FP8, >= 2 stages (4 with KSPLIT)");
   static_assert(MCAST != 1 || (KIND == kDense && !KSPLIT && !PIPE && BN % 16 == 0), "MCAST 1: dense, no KSPLIT/PIPE, BN % 16 == 0");
   static_assert(MCAST != 2 || (KIND != kContiguous && (!PIPE || SPLITK)), "MCAST 2: dense or masked, no PIPE (but for SPLITK)");
   constexpr int B_HALF = BN / 2 * 128;  // MCAST: bytes of one CTA's half of the B tile (1024-aligned)
@@ -671,9 +673,27 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         release((it + kb) % STAGES);
         promote(t, sc);
       };
-      for (int c0 = 0; c0 < KB; c0 += CH) {
+      if constexpr (KSPLIT) {  // this warpgroup's blocks kw, kw + 2, ... in pairs, a pair's WGMMAs in flight together
         float t0[BN / 2], t1[BN / 2], sc0[4], sc1[4];
-        two_in_flight<CH>(c0, issue, retire, t0, t1, sc0, sc1);
+        int kb = kw;
+        for (; kb + KSTEP < KB; kb += 2 * KSTEP) {
+          issue(kb, t0, sc0);
+          issue(kb + KSTEP, t1, sc1);
+          wgmma_wait<1>();
+          retire(kb, t0, sc0);
+          wgmma_wait<0>();
+          retire(kb + KSTEP, t1, sc1);
+        }
+        if (kb < KB) {
+          issue(kb, t0, sc0);
+          wgmma_wait<0>();
+          retire(kb, t0, sc0);
+        }
+      } else {
+        for (int c0 = 0; c0 < KB; c0 += CH) {
+          float t0[BN / 2], t1[BN / 2], sc0[4], sc1[4];
+          two_in_flight<CH>(c0, issue, retire, t0, t1, sc0, sc1);
+        }
       }
     }
     it += KB;
