@@ -215,7 +215,7 @@ def test_block_choice_and_smem():
 
 def test_small_m_prefers_128_row_tiles_with_pipe(monkeypatch):
     """64 < M <= 128, FP8 dense (PIPE on): one 128-row tile of half the width instead of two 64-row tiles
-    where it is >= 32 wide and fills 3/4 of the SMs (BENCHMARKS.md runs 28-29: 1.06-1.47x at N >= 4096);
+    where it is >= 32 wide and fills 3/4 of the SMs (BENCHMARKS.md runs 28-29: 27 shapes 0.95-1.47x, geo 1.17x);
     masked (no PIPE), DEEPGEMM_PIPE=0, M <= 64, the split-K shapes and BF16 keep their tiles."""
     import torch
     for var in ("DEEPGEMM_PIPE", "DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV"):

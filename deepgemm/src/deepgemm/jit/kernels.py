@@ -330,7 +330,7 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
     tiles when m > SMALL_M. by_rows (where 128-row tiles run two K blocks in flight, PIPE): FP8 at
     64 < M <= SMALL_M, the pick of a model that costs the rows of A that exist and 64-row tiles'
     SMALL_M_BM64_COST may replace a 64-row tile by a 128-row one of about half the width, where that is at
-    least 32 wide and its tiles still occupy 3/4 of the SMs (narrower or fewer: 0.88-1.01x, BENCHMARKS.md
+    least 32 wide and its tiles still occupy 3/4 of the SMs (narrower or fewer: 0.88-1.04x, BENCHMARKS.md
     run 29). Without PIPE the 64-row tiles kept up (masked, run 28); choose_split_k's gain bars were fitted
     against the picks without it, and run 28 measured its splits faster there as they were."""
     if small_m_bn not in ("fill", "pow2"):
