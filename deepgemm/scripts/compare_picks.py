@@ -4,9 +4,9 @@ block or split choice against the picks it replaces. GPU only; one device call:
 
     python deepgemm/scripts/compare_picks.py CASES.json [--rounds 3] [--json OUT.json]
 
-CASES.json: a list of {"layout": "dense" | "masked", "m": M (per group), "n": N, "k": K, "groups": G,
+CASES.json: a list of {"layout": "dense" | "contiguous" | "masked", "m": M (per group), "n": N, "k": K, "groups": G,
 "configs": {"name": {"DEEPGEMM_BLOCKS": "128x64", "DEEPGEMM_SPLIT_K": "0"}, ...}}. Prints TFLOPS per
-configuration and each one's ratio to the first.
+configuration (checked against the reference first: NaN if it differs) and each one's ratio to the first.
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-from bench_gemm import bench_dense, bench_masked  # noqa: E402
+from tune_blocks import measure as time_layout  # (this script's folder is on sys.path)
 
 KNOBS = ("DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV", "DEEPGEMM_MULTICAST", "DEEPGEMM_PIPE", "DEEPGEMM_KSPLIT")
 
@@ -27,10 +26,7 @@ def measure(case, env):
     for var in KNOBS:
         os.environ.pop(var, None)
     os.environ.update(env)
-    m, n, k, g = case["m"], case["n"], case["k"], case.get("groups", 1)
-    row = (bench_dense(m, n, k, with_ref=False, peers=False) if case["layout"] == "dense"
-           else bench_masked(g, m, n, k, peers=False))
-    return row["ours_tflops"] if row["diff"] < 1e-5 else float("nan")
+    return time_layout(case["layout"], case["m"], case["n"], case["k"], case.get("groups", 1))
 
 
 def main():

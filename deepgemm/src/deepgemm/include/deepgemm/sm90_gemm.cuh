@@ -189,6 +189,24 @@ __device__ __forceinline__ void two_in_flight(int c0, Issue&& issue, Retire&& re
   }
 }
 
+// K blocks kb, kb + step, ... below kb_end in pairs, each pair's WGMMAs in flight together (straight-line within
+// a pair, so ptxas keeps both commit groups in flight inside the run-time loop). issue(kb, t, sc) waits for kb's
+// stage and commits its WGMMAs into t, returning what retire(x, t, sc) needs. Returns the first block not taken
+// (an odd last one, for the caller).
+template <typename Issue, typename Retire, typename T, typename S>
+__device__ __forceinline__ int pairs_in_flight(int kb, int kb_end, int step, Issue&& issue, Retire&& retire, T& t0,
+                                               T& t1, S& sc0, S& sc1) {
+  for (; kb + step < kb_end; kb += 2 * step) {
+    const auto x0 = issue(kb, t0, sc0);
+    const auto x1 = issue(kb + step, t1, sc1);
+    wgmma_wait<1>();
+    retire(x0, t0, sc0);
+    wgmma_wait<0>();
+    retire(x1, t1, sc1);
+  }
+  return kb;
+}
+
 // Rows of the output a tile may write: masked layout, group g holds masked_m[g] (clamped to [0, M])
 // valid rows starting at row g * M; otherwise all M rows from row 0.
 template <int KIND>
@@ -641,13 +659,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       int kb = kb_lo + kw;
       if constexpr (PIPE) {
         float t1[BN / 2], sc1[4];
-        for (; kb + KSTEP < kb_hi; kb += 2 * KSTEP) {
-          const u32 s0 = issue_blk(kb, t, sc), s1 = issue_blk(kb + KSTEP, t1, sc1);
-          wgmma_wait<1>();
-          retire_blk(s0, t, sc);
-          wgmma_wait<0>();
-          retire_blk(s1, t1, sc1);
-        }
+        kb = pairs_in_flight(kb, kb_hi, KSTEP, issue_blk, retire_blk, t, t1, sc, sc1);
       }
       for (; kb < kb_hi; kb += KSTEP) {
         const u32 s = issue_blk(kb, t, sc);
@@ -673,17 +685,13 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         release((it + kb) % STAGES);
         promote(t, sc);
       };
-      if constexpr (KSPLIT) {  // this warpgroup's blocks kw, kw + 2, ... in pairs, a pair's WGMMAs in flight together
+      if constexpr (KSPLIT) {  // this warpgroup's blocks kw, kw + 2, ... in pairs
         float t0[BN / 2], t1[BN / 2], sc0[4], sc1[4];
-        int kb = kw;
-        for (; kb + KSTEP < KB; kb += 2 * KSTEP) {
-          issue(kb, t0, sc0);
-          issue(kb + KSTEP, t1, sc1);
-          wgmma_wait<1>();
-          retire(kb, t0, sc0);
-          wgmma_wait<0>();
-          retire(kb + KSTEP, t1, sc1);
-        }
+        auto issue_kb = [&](int kb, float (&t)[BN / 2], float (&sc)[4]) {
+          issue(kb, t, sc);
+          return kb;
+        };
+        const int kb = pairs_in_flight(kw, KB, KSTEP, issue_kb, retire, t0, t1, sc0, sc1);
         if (kb < KB) {
           issue(kb, t0, sc0);
           wgmma_wait<0>();
