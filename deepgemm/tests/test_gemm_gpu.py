@@ -445,6 +445,47 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
             _check(d[gi, :mg], r[gi, :mg])
 
 
+@pytest.mark.parametrize("epi", ["staged", "direct"])
+def test_bn192_tiles(epi, monkeypatch):
+    """FP8 128 x 192 tiles (plain main loop; a tile starts on a multiple of 64 and spans two B scale blocks at
+    most): the model's pick at M = 1024, N = 3072 (K = 7168; K = 2048 with the TMA store), forced on unaligned M
+    and N (N < 192, N not a multiple of 64) with BF16 / FP32 (+ C) / FP8 outputs, grouped contiguous (padding
+    rows untouched) and masked (masked_m of 0 included)."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_EPILOGUE", epi)
+    for k in (7168, 2048):
+        d = poisoned((1024, 3072), torch.bfloat16, DEV)
+        cfg = kernels.make_config("dense", True, d, None, 3072, k, 1024, 1)
+        assert (cfg.bm, cfg.bn, cfg.rs) == (128, 192, 0)
+        _check_bf16_out(_rand((1024, k), k + 1), _rand((3072, k), k + 2), d)
+    monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x192")
+    for m, n, k in [(1000, 2112, 7168), (129, 3080, 1536), (300, 136, 256), (200, 448, 128)]:
+        assert kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1).bn == 192
+        _check_dense_outputs(_rand((m, k), m + 5), _rand((n, k), n + 7))
+    g, n, k = 4, 2112, 7168
+    m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, 512, 77), device=DEV)
+    m = m_indices.numel()
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    x, y = _rand((m, k), 31), _rand((g, n, k), 32)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    r = torch.full((m, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
+    _check_contiguous(d, r, m_indices)
+    m_max = 256
+    mm = torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV)
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    x, y = _rand((g, m_max, k), 33), _rand((g, n, k), 34)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
+    for gi, mg in enumerate(mm.tolist()):
+        assert d[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
+        if mg:
+            _check(d[gi, :mg], r[gi, :mg])
+
+
 @pytest.mark.parametrize("fp8", [True, False])
 @pytest.mark.parametrize("bn256", ["0", "1"])
 def test_tma_store_grouped(bn256, fp8, monkeypatch):
@@ -741,3 +782,4 @@ def test_split_k_workspace_first_made_in_capture(monkeypatch):
     dg.fp8_gemm_nt(a, b, d)
     torch.cuda.synchronize()
     assert torch.equal(d, first) and len(kernels._workspaces) == 1
+

@@ -15,14 +15,13 @@ D = torch.empty(1, 1, dtype=torch.bfloat16)
 
 
 def test_bn256_block_choice(monkeypatch):
-    """Off: the model's choice is unchanged (never 256). On: 128 x 256 where it needs no more waves of the
-    132 SMs than 128 x 128 (every large DeepSeek-V3 shape but N = 2112, 3 waves vs 128 x 112's 5); never at
+    """Off: the model's choice is unchanged (never 192 or 256). On: 128 x 256 at every large DeepSeek-V3 shape
+    but N = 2112, where 128 x 128 stays (128 x 192's 3 waves against its 5 measured 0.94-0.95x, run 31); never at
     M <= 128."""
     for n, _ in NK:
         assert kernels.choose_blocks(4096, n, 1, 132)[1] <= 128
     picks = {n: kernels.choose_blocks(4096, n, 1, 132, bn256=True) for n, _ in NK}
-    assert picks == {2112: kernels.choose_blocks(4096, 2112, 1, 132), 24576: (128, 256), 32768: (128, 256),
-                     7168: (128, 256), 4096: (128, 256)}
+    assert picks == {2112: (128, 128), 24576: (128, 256), 32768: (128, 256), 7168: (128, 256), 4096: (128, 256)}
     for m in (1, 64, 128):
         for n, _ in NK:
             assert kernels.choose_blocks(m, n, 1, 132, bn256=True) == kernels.choose_blocks(m, n, 1, 132)
@@ -48,6 +47,29 @@ def test_measured_defaults(monkeypatch):
     assert kernels.make_config("dense", True, D, None, 4096, 7168, 4096, 1).tstore == 1
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")
     assert kernels.make_config("dense", True, D, None, 7168, 2048, 4096, 1).tstore == 0
+
+
+def test_bn192_config(monkeypatch):
+    """FP8 128 x 192 tiles come with the wide ones (DEEPGEMM_BN256 != 0) at M > 128, run the plain main loop
+    (m64n192k32 WGMMAs) and stage their BF16 epilogue in 64-column passes; only BM = 128 takes them."""
+    for var in ("DEEPGEMM_BN256", "DEEPGEMM_TMA_STORE", "DEEPGEMM_BLOCKS", "DEEPGEMM_EPILOGUE"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = kernels.make_config("dense", True, D, None, 3072, 7168, 1024, 1)
+    assert (cfg.bm, cfg.bn, cfg.rs, cfg.epi) == (128, 192, 0, 1)
+    src = kernels.kernel_source(cfg)
+    assert "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3" in src and "Wgmma<192, true>" in src
+    assert kernels.smem_bytes(True, 7168, 128, 192, cfg.stages, 1) <= kernels.SMEM_LIMIT
+    # it replaces 128 x 96 in as many waves (run 31: 1.08-1.11x), not 128 x 128 in fewer (N = 2112: 0.94x)
+    assert kernels.choose_blocks(1024, 3072, 1, 132) == (128, 96)
+    assert kernels.choose_blocks(1024, 3072, 1, 132, bn256=True) == (128, 192)
+    assert kernels.choose_blocks(256, 12288, 1, 132, bn256=True) == (128, 192)
+    assert kernels.choose_blocks(4096, 2112, 1, 132, bn256=True) == (128, 128)
+    assert kernels.make_config("dense", True, D, None, 2112, 7168, 128, 1).bn <= 128  # small M: unchanged
+    assert kernels.parse_blocks("128x192", True) == (128, 192)
+    with pytest.raises(ValueError, match="DEEPGEMM_BLOCKS"):
+        kernels.parse_blocks("64x192", True)
+    monkeypatch.setenv("DEEPGEMM_BN256", "0")
+    assert kernels.make_config("dense", True, D, None, 3072, 7168, 1024, 1).bn == 96
 
 
 def test_bn256_config_and_smem(monkeypatch):
@@ -295,3 +317,4 @@ def test_ties_prefer_the_wider_tile():
     256 rows at N = 4096 (128 tiles either way)."""
     assert kernels.choose_blocks(256, 4096, 1, 132, bn256=True) == (64, 128)
     assert kernels.tile_cost(64, 128) == kernels.tile_cost(128, 64)
+

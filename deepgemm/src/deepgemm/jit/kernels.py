@@ -119,6 +119,11 @@ BLOCK_NS_FP8 = tuple(range(16, 129, 8))   # a tile spans at most two 128-wide B 
 BLOCK_NS_FP8_POW2 = (16, 32, 64, 128)
 BLOCK_NS_BF16 = tuple(range(16, 257, 16))
 BLOCK_N_FP8_WIDE = 256  # FP8, BM = 128 only: two 128-column halves (DEEPGEMM_BN256 / DEEPGEMM_BLOCKS=128x256)
+# FP8, BM = 128, M > SMALL_M (with the wide tiles, under DEEPGEMM_BN256): tiles start on multiples of 64, so a
+# 192-wide one spans two B scale blocks at most and runs the plain main loop (m64n192k32 WGMMAs). It straddles, so
+# the model charges it STRADDLE_COST per FLOP (not BN256_COST): it then replaces 128 x 96 in as many waves (H200
+# run 31: 26 shapes 1.02-1.38x), not 128 x 128 in fewer at N = 2112 (measured 0.90-0.95x there).
+BLOCK_N_FP8_192 = 192
 
 
 @dataclass(frozen=True)
@@ -206,12 +211,12 @@ def tile_cost(bm: int, bn: int, compute_bound: bool = False, rows: int = 0) -> f
     """Relative time of one 128-wide K block of a tile on one SM: the larger of the tensor-core
     work (a single consumer warpgroup, BM = 64, idles while it rescales: x1.5) and the bytes
     streamed in (64 units per row of A or B: balances a 128x128 tile). compute_bound (M > SMALL_M):
-    widths that straddle B's scale blocks cost STRADDLE_COST more tensor-core time per FLOP.
+    widths that straddle B's scale blocks (192 too) cost STRADDLE_COST more tensor-core time per FLOP.
     rows (FP8, 64 < M <= SMALL_M): the rows of A the fullest tile loads; such tiles wait on their bytes
     (the tensor-core term is left out), and 64-row tiles' bytes cost SMALL_M_BM64_COST more."""
     if rows:
         return (rows + bn) * 64.0 * (SMALL_M_BM64_COST if bm == 64 else 1.0)
-    mma = bm * bn * (1.5 if bm == 64 else BN256_COST if bn > 128 else 1.0)
+    mma = bm * bn * (1.5 if bm == 64 else BN256_COST if bn == BLOCK_N_FP8_WIDE else 1.0)
     if compute_bound and straddles(bn):
         mma *= STRADDLE_COST
     load = (bm + bn) * 64.0
@@ -349,7 +354,7 @@ def choose_blocks(m: int, n: int, groups: int, num_sms: int, fp8: bool = True,
 def _cheapest_blocks(m, n, groups, num_sms, fp8, bns, bn256, by_rows) -> tuple[int, int]:
     best = None
     for bm in BLOCK_MS:
-        wide = (BLOCK_N_FP8_WIDE,) if fp8 and bn256 and bm == 128 and m > SMALL_M else ()
+        wide = (BLOCK_N_FP8_192, BLOCK_N_FP8_WIDE) if fp8 and bn256 and bm == 128 and m > SMALL_M else ()
         rows = min(bm, ceil_div(m, 8) * 8) if by_rows else 0  # the rows of A the fullest tile loads (in 8s)
         for bn in bns + wide:
             tiles = groups * ceil_div(max(m, 1), bm) * ceil_div(n, bn)
@@ -364,14 +369,14 @@ def _cheapest_blocks(m, n, groups, num_sms, fp8, bns, bn256, by_rows) -> tuple[i
 
 
 def parse_blocks(spec: str, fp8: bool) -> tuple[int, int]:
-    """DEEPGEMM_BLOCKS="BMxBN" (e.g. "128x112"): BM in BLOCK_MS, BN a multiple of 8 (FP8: 16-128, or 256 with
-    BM = 128; BF16: 16-256)."""
+    """DEEPGEMM_BLOCKS="BMxBN" (e.g. "128x112"): BM in BLOCK_MS, BN a multiple of 8 (FP8: 16-128, or 192 or 256
+    with BM = 128; BF16: 16-256)."""
     try:
         bm, bn = (int(v) for v in spec.lower().split("x"))
     except ValueError:
         raise ValueError(f"DEEPGEMM_BLOCKS: expected 'BMxBN' such as '128x112', got {spec!r}") from None
     bns = BLOCK_NS_FP8 if fp8 else BLOCK_NS_BF16
-    if fp8 and bm == 128 and bn == BLOCK_N_FP8_WIDE:
+    if fp8 and bm == 128 and bn in (BLOCK_N_FP8_192, BLOCK_N_FP8_WIDE):
         return bm, bn
     if bm not in BLOCK_MS or bn not in bns:
         raise ValueError(f"DEEPGEMM_BLOCKS: BM must be one of {BLOCK_MS} and BN one of {bns[0]}..{bns[-1]} "
@@ -473,7 +478,7 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
-    wide = fp8 and bn > 128  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
+    wide = fp8 and bn == BLOCK_N_FP8_WIDE  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
     rs = int(wide and bn256_env == "2")
     # with the K split each warpgroup holds two stages of its own: four at least (run 30: 1.00-1.04x at M = 24-64);
     # there DEEPGEMM_MULTICAST=1 keeps its pairs instead (the kernel has no PIPE with MCAST outside split-K)
@@ -572,7 +577,7 @@ def kernel_source(cfg: Config) -> str:
                 f"{cfg.bm}, {cfg.bn}, {cfg.stages}, {cfg.epi}, {cfg.ksplit}"
                 + _trailing_args(cfg))
         headers = compiler.read_header()
-        mma_n = 128 if cfg.fp8 and cfg.bn > 128 else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
+        mma_n = 128 if cfg.fp8 and cfg.bn == BLOCK_N_FP8_WIDE else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
     return (
         f"// deepgemm kernel {_source_fields(cfg)}\n"
         + headers

@@ -352,9 +352,10 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   // FP8 BN = 256 ("wide" tile, DEEPGEMM_BN256): each consumer warpgroup multiplies its 64 rows by the two
   // 128-column halves of the B tile in turn (m64n128k32 WGMMAs into one 64-register temporary), so the
   // FP32 accumulator is 128 registers + 64 for the temporary; each half lies in exactly one B scale block
-  constexpr bool WIDE = FP8 && BN > 128;
-  static_assert(BN % 8 == 0 && (BN <= (FP8 ? 128 : 256) || (WIDE && BN == 256)),
-                "BN: a multiple of 8, <= 128 (FP8: a tile spans <= 2 B scale blocks) or FP8 256");
+  constexpr bool WIDE = FP8 && BN == 256;
+  // (FP8 BN = 192: tiles start on multiples of 64, so one spans two B scale blocks at most, as BN <= 128)
+  static_assert(BN % 8 == 0 && (BN <= (FP8 ? 128 : 256) || WIDE || (FP8 && BN == 192)),
+                "BN: a multiple of 8, <= 128 (FP8: a tile spans <= 2 B scale blocks), FP8 192 or 256");
   static_assert(!WIDE || (BM == 128 && !KSPLIT && !PIPE && !MCAST), "FP8 BN = 256: BM = 128, no KSPLIT/PIPE/MCAST");
   static_assert(!RS || WIDE, "RS (A from registers): the wide FP8 tile only");
   static_assert(K % KEL == 0, "K");
