@@ -19,7 +19,8 @@ import torch
 
 from tune_blocks import measure as time_layout  # (this script's folder is on sys.path)
 
-KNOBS = ("DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV", "DEEPGEMM_MULTICAST", "DEEPGEMM_PIPE", "DEEPGEMM_KSPLIT")
+KNOBS = ("DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV", "DEEPGEMM_MULTICAST", "DEEPGEMM_PIPE", "DEEPGEMM_KSPLIT",
+         "DEEPGEMM_PEEL")
 
 
 def measure(case, env):

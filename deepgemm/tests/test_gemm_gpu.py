@@ -783,3 +783,35 @@ def test_split_k_workspace_first_made_in_capture(monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(d, first) and len(kernels._workspaces) == 1
 
+
+# ---- DEEPGEMM_PEEL: the last M block as a GEMM of its own ------------------------------------------------
+@pytest.mark.parametrize("m,n,k,mode", [
+    (4096, 2112, 7168, "auto"),   # the model peels: 527 + 17 tiles, 4 waves + a small-M GEMM instead of 5
+    (4000, 2112, 7168, "auto"),   # unaligned M: the peeled GEMM has 32 rows
+    (384, 24576, 1536, "1"),      # forced where auto does not: two M blocks and a split-K tail of 128 rows
+    (3000, 7168, 2048, "1"),      # 128 x 256 tiles (TMA store), a 56-row tail
+])
+def test_peel_tail(m, n, k, mode, monkeypatch):
+    """Rows [0, r) and [r, M) in two launches: the outputs (BF16, FP32 with C, FP8) match the reference, and a
+    captured CUDA graph of the pair reproduces the eager result over 10 replays; DEEPGEMM_PEEL=0: one launch."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_PEEL", mode)
+    launches = []
+    real = kernels._gemm_nt_once
+
+    def counted(cfg, a, *rest):
+        launches.append(a.shape[0])
+        real(cfg, a, *rest)
+    monkeypatch.setattr(kernels, "_gemm_nt_once", counted)
+    x, y = _rand((m, k), m + 11), _rand((n, k), n + 13)
+    _check_dense_outputs(x, y)
+    r = dg.ceil_div(m, 128) * 128 - 128
+    assert launches == [r, m - r] * 3, launches
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    dg.fp8_gemm_nt(a, b, d)
+    _assert_replays_match(lambda: dg.fp8_gemm_nt(a, b, d), d, 10)
+    monkeypatch.setenv("DEEPGEMM_PEEL", "0")
+    launches.clear()
+    dg.fp8_gemm_nt(a, b, d)
+    assert launches == [m]

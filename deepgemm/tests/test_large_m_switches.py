@@ -318,3 +318,21 @@ def test_ties_prefer_the_wider_tile():
     assert kernels.choose_blocks(256, 4096, 1, 132, bn256=True) == (64, 128)
     assert kernels.tile_cost(64, 128) == kernels.tile_cost(128, 64)
 
+
+def test_peel_rows():
+    """The last M block runs as a GEMM of its own where that saves a wave of the persistent grid and the model's
+    small-M time for it (plus the gap) is shorter than the wave: 4096 x 2112 x 7168 (544 tiles of 128 x 128 in 5
+    waves; 527 in 4 and 17 in the small-M kernel), not the table's other M = 4096 rows, never at M <= 256."""
+    peel = kernels.peel_rows
+    assert peel(4096, 2112, 7168, 132, 128, 128) == 3968
+    assert peel(4000, 2112, 7168, 132, 128, 128) == 3968
+    for n, k in [(24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]:
+        assert peel(4096, n, k, 132, 128, 256) == 0, (n, k)
+    assert peel(3072, 7168, 16384, 132, 128, 256) == 2944  # 672 tiles: 5 waves and 28 tiles
+    assert peel(4096, 24576, 1536, 132, 128, 256) == 0  # saves a wave, but one wave is shorter than the tail GEMM
+    assert peel(4096, 24576, 1536, 132, 128, 256, "1") == 3968
+    assert peel(4096, 2112, 7168, 132, 128, 128, "0") == 0
+    assert peel(4096, 2112, 7168, 136, 128, 128, "1") == 0  # 544 tiles fill 4 waves of 136 SMs: nothing to save
+    assert peel(256, 24576, 1536, 132, 128, 128, "1") == 0
+    with pytest.raises(ValueError, match="DEEPGEMM_PEEL"):
+        peel(4096, 2112, 7168, 132, 128, 128, "yes")

@@ -254,6 +254,36 @@ def small_m_time(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, s: int 
     return t
 
 
+# Tail peel (FP8 dense, M > 2 * SMALL_M, no split-K): where the last M block's tiles are all that a last, partial
+# wave of the persistent grid holds, those rows run as a second GEMM of M <= 128 (the small-M kernels: split-K,
+# PIPE) after the first, which then needs one wave fewer. Taken where small_m_time predicts the second GEMM, plus
+# PEEL_GAP_US between the two, shorter than the wave it saves: a tile's FLOPs at LARGE_M_TFLOPS (the M = 4096
+# rows' rate, BENCHMARKS.md run 24) on one SM's share. H200 run 31: 1.00-1.15x on the 9 shapes tried where it peels
+# (4096 x 2112 x 7168: 1.10x), 1.04x and 0.97x on two where it does not. DEEPGEMM_PEEL=0|1|auto: 1 peels wherever
+# a wave is saved.
+PEEL_DEFAULT = "auto"
+LARGE_M_TFLOPS = 1150.0
+PEEL_GAP_US = 2.0
+
+
+def peel_rows(m: int, n: int, k: int, num_sms: int, bm: int, bn: int, env: str = PEEL_DEFAULT) -> int:
+    """Rows [0, r) of an FP8 dense GEMM that run as the first of two launches (0: no peel), for BM x BN tiles."""
+    if env not in ("0", "1", "auto"):
+        raise ValueError(f"DEEPGEMM_PEEL: expected 0, 1 or auto, got {env!r}")
+    if m <= 2 * SMALL_M:
+        return 0
+    mb, nb = ceil_div(m, bm), ceil_div(n, bn)
+    if env == "0" or (mb - 1) * nb > (ceil_div(mb * nb, num_sms) - 1) * num_sms:
+        return 0
+    rest = m - (mb - 1) * bm
+    split = choose_split_k(rest, n, k, num_sms)
+    bm2, bn2, s = split if split else (*choose_blocks(rest, n, 1, num_sms), 1)
+    wave_us = 2.0 * bm * bn * k / (LARGE_M_TFLOPS * 1e6 / num_sms)
+    if env == "auto" and small_m_time(rest, n, k, num_sms, bm2, bn2, s) + PEEL_GAP_US >= wave_us:
+        return 0
+    return (mb - 1) * bm
+
+
 def choose_split_k(m: int, n: int, k: int, num_sms: int, s_env: str = "auto",
                    mcast: bool = False) -> tuple[int, int, int] | None:
     """(BM, BN, S) for an FP8 dense GEMM with M <= SMALL_M under DEEPGEMM_SPLIT_K=s_env ("auto" or an
@@ -751,10 +781,28 @@ def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     if fp8:
         _check_sf_ptr(sfa)
     cfg = make_config("dense", fp8, d, c, n, k, m, 1)
+    peel_env = os.environ.get("DEEPGEMM_PEEL", PEEL_DEFAULT)
+    r = _peel_rows(m, n, k, get_num_sms(), cfg.bm, cfg.bn, peel_env) if fp8 else 0
+    if r and not cfg.splitk and not cfg.gemv and not os.environ.get("DEEPGEMM_BLOCKS"):
+        # the last M block's rows as a GEMM of their own (see peel_rows); row slices of A, its scales
+        # (MN-major: the slice keeps the M stride), D and C
+        for lo, hi in ((0, r), (r, m)):
+            c_part = None if c is None else c[lo:hi]
+            part = make_config("dense", fp8, d[lo:hi], c_part, n, k, hi - lo, 1)
+            _gemm_nt_once(part, a[lo:hi], sfa[lo:hi], b, sfb, d[lo:hi], c_part)
+    else:
+        _gemm_nt_once(cfg, a, sfa, b, sfb, d, c)
+
+
+_peel_rows = functools.lru_cache(maxsize=4096)(peel_rows)
+
+
+def _gemm_nt_once(cfg: Config, a, sfa, b, sfb, d, c) -> None:
+    m = a.shape[0]
     if cfg.gemv:
         _launch_gemv(cfg, a, sfa, b, sfb, d, c, m)
         return
-    tiles = ceil_div(m, cfg.bm) * ceil_div(n, cfg.bn) * max(cfg.splitk, 1)  # split-K: (tile, slice) units
+    tiles = ceil_div(m, cfg.bm) * ceil_div(cfg.n, cfg.bn) * max(cfg.splitk, 1)  # split-K: (tile, slice) units
     _launch(cfg, a, sfa, b, sfb, d, c, None, m, 1, tiles)
 
 
