@@ -114,6 +114,34 @@ def _check_masked_8x64(seed):
             _check(d[gi, :mg], r[gi, :mg])
 
 
+def _check_contiguous_run(m_indices, g, n, k, seed):
+    """FP8 grouped-contiguous GEMM (B: g x [N, K]) into poisoned BF16, against the reference."""
+    m = m_indices.numel()
+    d = poisoned((m, n), torch.bfloat16, DEV)
+    x, y = _rand((m, k), seed), _rand((g, n, k), seed + 1)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
+    r = torch.full((m, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
+    _check_contiguous(d, r, m_indices)
+
+
+def _check_masked_run(mm, m_max, n, k, seed):
+    """FP8 masked GEMM (masked_m = mm, expected_m = m_max) into poisoned BF16: valid rows match the reference,
+    rows past masked_m stay untouched (NaN)."""
+    g = mm.numel()
+    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
+    x, y = _rand((g, m_max, k), seed), _rand((g, n, k), seed + 1)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max)
+    r = torch.full((g, m_max, n), float("nan"), device=DEV)
+    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
+    for gi, mg in enumerate(mm.tolist()):
+        assert d[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
+        if mg:
+            _check(d[gi, :mg], r[gi, :mg])
+
+
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
 @pytest.mark.parametrize("m", [1, 64, 128, 4096, 37, 1000])
 def test_fp8_gemm_nt(m, nk):
@@ -431,18 +459,8 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
         _check_contiguous(d, r, m_indices)
     monkeypatch.delenv("DEEPGEMM_BLOCKS", raising=False)
     g, m_max, n, k = 4, 256, 4096, 7168
-    mm = torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV)
-    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
-    assert kernels.make_config("masked", True, d, None, n, k, m_max, g).bn == 256
-    x, y = _rand((g, m_max, k), 21), _rand((g, n, k), 22)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max)
-    r = torch.full((g, m_max, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
-    for gi, mg in enumerate(mm.tolist()):
-        assert d[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
-        if mg:
-            _check(d[gi, :mg], r[gi, :mg])
+    assert kernels.make_config("masked", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m_max, g).bn == 256
+    _check_masked_run(torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV), m_max, n, k, 21)
 
 
 @pytest.mark.parametrize("epi", ["staged", "direct"])
@@ -462,28 +480,9 @@ def test_bn192_tiles(epi, monkeypatch):
     for m, n, k in [(1000, 2112, 7168), (129, 3080, 1536), (300, 136, 256), (200, 448, 128)]:
         assert kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1).bn == 192
         _check_dense_outputs(_rand((m, k), m + 5), _rand((n, k), n + 7))
-    g, n, k = 4, 2112, 7168
-    m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, 512, 77), device=DEV)
-    m = m_indices.numel()
-    d = poisoned((m, n), torch.bfloat16, DEV)
-    x, y = _rand((m, k), 31), _rand((g, n, k), 32)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-    r = torch.full((m, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
-    _check_contiguous(d, r, m_indices)
-    m_max = 256
-    mm = torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV)
-    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
-    x, y = _rand((g, m_max, k), 33), _rand((g, n, k), 34)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max)
-    r = torch.full((g, m_max, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
-    for gi, mg in enumerate(mm.tolist()):
-        assert d[gi, mg:].float().isnan().all(), f"group {gi}: rows past masked_m written"
-        if mg:
-            _check(d[gi, :mg], r[gi, :mg])
+    m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(4, 512, 77), device=DEV)
+    _check_contiguous_run(m_indices, 4, 2112, 7168, 31)
+    _check_masked_run(torch.tensor([0, 256, 131, 7], dtype=torch.int32, device=DEV), 256, 2112, 7168, 33)
 
 
 @pytest.mark.parametrize("fp8", [True, False])
