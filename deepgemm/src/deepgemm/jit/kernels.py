@@ -774,6 +774,9 @@ def _launch_gemv(cfg: Config, a, sfa, b, sfb, d, c, m: int) -> None:
     kern.launch(_device_index(d.device), grid, cfg.threads, args, pdl=bool(cfg.pdl))
 
 
+_peel_rows = functools.lru_cache(maxsize=4096)(peel_rows)
+
+
 def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     m, k = a.shape
     n = b.shape[0]
@@ -783,18 +786,15 @@ def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     cfg = make_config("dense", fp8, d, c, n, k, m, 1)
     peel_env = os.environ.get("DEEPGEMM_PEEL", PEEL_DEFAULT)
     r = _peel_rows(m, n, k, get_num_sms(), cfg.bm, cfg.bn, peel_env) if fp8 else 0
-    if r and not cfg.splitk and not cfg.gemv and not os.environ.get("DEEPGEMM_BLOCKS"):
-        # the last M block's rows as a GEMM of their own (see peel_rows); row slices of A, its scales
-        # (MN-major: the slice keeps the M stride), D and C
+    if r and not os.environ.get("DEEPGEMM_BLOCKS"):
+        # the last M block's rows as a GEMM of their own (see peel_rows; M > 256, so cfg is neither split-K nor the
+        # small-M kernel); row slices of A, its scales (MN-major: the slice keeps the M stride), D and C
         for lo, hi in ((0, r), (r, m)):
             c_part = None if c is None else c[lo:hi]
             part = make_config("dense", fp8, d[lo:hi], c_part, n, k, hi - lo, 1)
             _gemm_nt_once(part, a[lo:hi], sfa[lo:hi], b, sfb, d[lo:hi], c_part)
     else:
         _gemm_nt_once(cfg, a, sfa, b, sfb, d, c)
-
-
-_peel_rows = functools.lru_cache(maxsize=4096)(peel_rows)
 
 
 def _gemm_nt_once(cfg: Config, a, sfa, b, sfb, d, c) -> None:
