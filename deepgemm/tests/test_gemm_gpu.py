@@ -814,3 +814,16 @@ def test_peel_tail(m, n, k, mode, monkeypatch):
     launches.clear()
     dg.fp8_gemm_nt(a, b, d)
     assert launches == [m]
+
+
+@pytest.mark.parametrize("m,n,k,stages", [(64, 4096, 7168, 16), (1000, 2112, 1024, 1), (128, 7168, 16384, 3),
+                                          (1000, 3072, 2048, 2)])
+def test_forced_stages(m, n, k, stages, monkeypatch):
+    """DEEPGEMM_STAGES: a ring deeper than the default cap (16, with the K split), a single stage (128 x 64, TMA
+    store), an odd depth under split-K (128 x 112, 2 slices), two stages of the 128 x 192 tile: every output type
+    still matches the reference."""
+    from deepgemm.jit import kernels
+    monkeypatch.setenv("DEEPGEMM_STAGES", str(stages))
+    cfg = kernels.make_config("dense", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1)
+    assert cfg.stages == stages
+    _check_dense_outputs(_rand((m, k), m + 3), _rand((n, k), n + 4))

@@ -301,3 +301,27 @@ def test_blocks_override(monkeypatch):
         monkeypatch.setenv("DEEPGEMM_BLOCKS", bad)
         with pytest.raises(ValueError, match="DEEPGEMM_BLOCKS"):
             kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)
+
+
+def test_stages_override(monkeypatch):
+    """DEEPGEMM_STAGES=<S> sets the tiled kernels' ring depth (tuning): deeper than the default cap of 12 where it
+    fits, even under the K split, PIPE dropped below its minimum; bad values name the variable and the limit."""
+    import torch
+    d = torch.empty(1, 1, dtype=torch.bfloat16)
+    default = kernels.make_config("dense", True, d, None, 4096, 7168, 64, 1)
+    assert default.stages == 12 and default.ksplit and default.pipe
+    for s in ("16", "8", "4"):
+        monkeypatch.setenv("DEEPGEMM_STAGES", s)
+        cfg = kernels.make_config("dense", True, d, None, 4096, 7168, 64, 1)
+        assert (cfg.bm, cfg.bn, cfg.stages, cfg.pipe) == (default.bm, default.bn, int(s), 1)
+        assert kernels.smem_bytes(True, 7168, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit) <= kernels.SMEM_LIMIT
+    monkeypatch.setenv("DEEPGEMM_STAGES", "1")  # no K split at BM = 128: one stage, no PIPE
+    cfg = kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1)
+    assert cfg.stages == 1 and not cfg.pipe
+    monkeypatch.setenv("DEEPGEMM_STAGES", "3")
+    cfg = kernels.make_config("dense", True, d, None, 7168, 16384, 128, 1)  # split-K, 128-row tiles
+    assert cfg.splitk and cfg.stages == 3
+    for bad in ("18", "7", "0", "x", "-2"):  # 18: more than fits; 7: odd under the K split
+        monkeypatch.setenv("DEEPGEMM_STAGES", bad)
+        with pytest.raises(ValueError, match="DEEPGEMM_STAGES"):
+            kernels.make_config("dense", True, d, None, 4096, 7168, 64, 1)

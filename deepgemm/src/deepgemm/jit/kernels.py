@@ -188,6 +188,18 @@ def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0,
     return s
 
 
+def forced_stages(env: str, depth, ksplit: int) -> int:
+    """The tiled kernels' pipeline depth: depth() (max_stages of the tile, capped at 12) or, under
+    DEEPGEMM_STAGES=<S> (tuning), S: at most the deepest ring that fits and even under the K split."""
+    if not env:
+        return depth()
+    deepest = depth(cap=64)
+    if not env.isdigit() or not 1 <= int(env) <= deepest or (ksplit and int(env) % 2):
+        raise ValueError(f"DEEPGEMM_STAGES: expected an integer 1..{deepest} (the deepest ring that fits"
+                         f"{'; even under the K split' if ksplit else ''}), got {env!r}")
+    return int(env)
+
+
 def stages_ok_for_ksplit(stages: int) -> bool:
     """The K split's two consumer warpgroups take alternate K blocks (kb % 2) and each waits only on
     the full barriers of its own blocks. With an odd number of stages a stage alternates between the
@@ -430,7 +442,8 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_SPLIT_K", SPLIT_K_DEFAULT),
                         os.environ.get("DEEPGEMM_PDL", PDL_DEFAULT),
                         os.environ.get("DEEPGEMM_GEMV", GEMV_DEFAULT),
-                        os.environ.get("DEEPGEMM_GEMV_KS", ""))
+                        os.environ.get("DEEPGEMM_GEMV_KS", ""),
+                        os.environ.get("DEEPGEMM_STAGES", ""))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -438,12 +451,12 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
                  tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT,
-                 pdl_env=PDL_DEFAULT, gemv_env=GEMV_DEFAULT, gemv_ks_env="") -> Config:
+                 pdl_env=PDL_DEFAULT, gemv_env=GEMV_DEFAULT, gemv_ks_env="", stages_env="") -> Config:
     if gemv_env not in ("0", "1", "auto"):
         raise ValueError(f"DEEPGEMM_GEMV: expected 0, 1 or auto, got {gemv_env!r}")
     cfg = _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                          small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env,
-                         min_sms_env, split_k_env)
+                         min_sms_env, split_k_env, stages_env)
     forced = swap_env != "0" or blocks_env or split_k_env != "auto"  # the user asked for a TMA kernel
     thin = cfg.bn <= GEMV_MAX_TMA_BN and not cfg.splitk  # the TMA kernel would keep few bytes in flight
     if (gemv_env == "1" or (gemv_env == "auto" and thin and not forced)) and fp8 and kind == "dense" \
@@ -459,7 +472,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
 
 def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                    small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env, min_sms_env,
-                   split_k_env) -> Config:
+                   split_k_env, stages_env="") -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if min_sms_env not in ("0", "1"):
@@ -487,12 +500,12 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
             if bn > 128:
                 raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
         ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
-        stages = max_stages(fp8, k, bm, bn, ksplit=ksplit)
+        stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit), ksplit)
         # multicast: pairs of N blocks (same M block and K slice) share A's boxes
         mcast = 2 if split_mc and ceil_div(n, bn) % 2 == 0 else 0
         # PIPE: each consumer warpgroup's K blocks in pairs, two in flight
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, 0, ksplit,
-                      pipe=int(pipe_on), mcast=mcast, min_sms=min_sms, splitk=s)
+                      pipe=int(pipe_on and stages >= 2), mcast=mcast, min_sms=min_sms, splitk=s)
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0", pipe_on)
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
@@ -505,14 +518,15 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     # masked only when forced (BENCHMARKS.md run 23: contiguous +4-6 %, masked 0.96-1.05x)
     grouped_ok = kind == "dense" or (m_hint >= bm and (kind == "contiguous" or tstore_env == "1"))
     tstore = int(want_tstore and epi == 1 and bn % 64 == 0 and grouped_ok)
-    stages = max_stages(fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore)
+    stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit,
+                                                         tstore=tstore), ksplit)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     wide = fp8 and bn == BLOCK_N_FP8_WIDE  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
     rs = int(wide and bn256_env == "2")
     # with the K split each warpgroup holds two stages of its own: four at least (run 30: 1.00-1.04x at M = 24-64);
     # there DEEPGEMM_MULTICAST=1 keeps its pairs instead (the kernel has no PIPE with MCAST outside split-K)
-    pipe = int(fp8 and not wide and pipe_on and (not ksplit or (stages >= 4 and mcast_env != "1")))
+    pipe = int(fp8 and not wide and pipe_on and stages >= 2 and (not ksplit or (stages >= 4 and mcast_env != "1")))
     # the two CTAs of a cluster take M blocks 2p and 2p + 1 (mcast 1) or N blocks 2p and 2p + 1 (mcast 2):
     # an even count of those, and a grid of >= 2 CTAs
     mcast = 0
@@ -786,7 +800,7 @@ def gemm_nt(a, sfa, b, sfb, d, c) -> None:
     cfg = make_config("dense", fp8, d, c, n, k, m, 1)
     peel_env = os.environ.get("DEEPGEMM_PEEL", PEEL_DEFAULT)
     r = _peel_rows(m, n, k, get_num_sms(), cfg.bm, cfg.bn, peel_env) if fp8 else 0
-    if r and not os.environ.get("DEEPGEMM_BLOCKS"):
+    if r and not os.environ.get("DEEPGEMM_BLOCKS") and not os.environ.get("DEEPGEMM_STAGES"):
         # the last M block's rows as a GEMM of their own (see peel_rows; M > 256, so cfg is neither split-K nor the
         # small-M kernel); row slices of A, its scales (MN-major: the slice keeps the M stride), D and C
         for lo, hi in ((0, r), (r, m)):
