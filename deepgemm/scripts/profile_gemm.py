@@ -1,4 +1,5 @@
-"""One FP8 GEMM per shape, ours then cuBLAS blockwise (`torch._scaled_mm`), for Nsight Compute; nothing timed.
+"""One FP8 GEMM per shape, ours then cuBLAS (`torch._scaled_mm`, blockwise or with --peer tensor per-tensor scales),
+for Nsight Compute; nothing timed.
 
     python deepgemm/scripts/profile_gemm.py --shapes 4096x4096x7168,4096x7168x16384,4096x2112x7168
 
@@ -21,7 +22,7 @@ import deepgemm as dg  # noqa: E402
 from deepgemm import ref  # noqa: E402
 
 
-def profile_shape(spec: str) -> None:
+def profile_shape(spec: str, peer: str = "block") -> None:
     try:
         m, n, k = (int(v) for v in spec.lower().split("x"))
     except ValueError:
@@ -37,7 +38,12 @@ def profile_shape(spec: str) -> None:
     diff = dg.calc_diff(d, r)
     if not diff < 1e-5:
         raise SystemExit(f"{spec}: ours disagrees with the reference (calc_diff {diff:.3e})")
-    cublas, _ = scaled_mm_blockwise(a[0], a[1], b[0], b[1])
+    if peer == "tensor":  # per-tensor scales: cuBLAS's speed of light, no promotion
+        one = torch.ones((), device="cuda")
+        cublas = lambda: torch._scaled_mm(a[0], b[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        cublas()
+    else:
+        cublas, _ = scaled_mm_blockwise(a[0], a[1], b[0], b[1])
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     dg.fp8_gemm_nt(a, b, d)
@@ -50,8 +56,11 @@ def profile_shape(spec: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="4096x4096x7168,4096x7168x16384,4096x2112x7168")
-    for spec in ap.parse_args().shapes.split(","):
-        profile_shape(spec)
+    ap.add_argument("--peer", choices=("block", "tensor"), default="block",
+                    help="cuBLAS with blockwise scales (the peer of record) or per-tensor ones")
+    args = ap.parse_args()
+    for spec in args.shapes.split(","):
+        profile_shape(spec, args.peer)
 
 
 if __name__ == "__main__":
