@@ -1,0 +1,149 @@
+"""How fast one SM's TMA unit fills shared memory, with and without cluster multicast: a GEMM's load pattern, no math.
+
+    python deepgemm/benchmarks/tma_rate.py [--k 28672] [--json PATH]
+
+Each CTA streams K / 128 blocks through a ring of shared-memory stages, as a small-M FP8 GEMM's producer does: per
+block, AR rows of 128 B of "A" (the same rows for every CTA, as activations) and BR rows of "B" (its own rows, as
+weights). With clusters of CL CTAs, each CTA issues AR / CL rows of A multicast to the whole cluster, and a stage is
+refilled only when every CTA of the cluster has released it (as the GEMM kernel does with MCAST). One warp per CTA
+consumes: it waits for each stage and releases it at once. Prints per variant: time, B's rate from DRAM, bytes
+received per SM per clock and bytes requested by each SM's own TMA per clock (at --clock-ghz)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+
+import torch
+
+from deepgemm.jit import compiler, runtime
+
+SOURCE = r'''
+template <int CL, int AR, int BR, int STAGES, int KB>
+__device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::TmaDesc& tb) {
+  using namespace dg;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  u32 base = smem_addr(smem_raw);
+  base += (1024 - (base & 1023)) & 1023;
+  constexpr u32 A_BYTES = AR * 128, B_BYTES = BR * 128, STAGE = A_BYTES + B_BYTES;
+  const u32 bars = base + STAGES * STAGE;  // full[s], then empty[s]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  u32 rank = 0;
+  if (CL > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * (STAGES + s), CL);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (CL > 1) cluster_sync();
+  if (warp == 0 && lane == 0) {
+    for (int kb = 0; kb < KB; ++kb) {
+      const u32 s = kb % STAGES, ph = (kb / STAGES) & 1;
+      mbar_wait(bars + 8 * (STAGES + s), ph ^ 1);
+      mbar_expect_tx(bars + 8 * s, STAGE);
+      if (AR) {
+        if (CL == 1) {
+          tma_load_2d(base + s * STAGE, &ta, bars + 8 * s, kb * 128, 0);
+        } else {
+          constexpr int PART = AR / CL;
+          tma_load_2d_mcast(base + s * STAGE + rank * PART * 128, &ta, bars + 8 * s, kb * 128, rank * PART,
+                            (unsigned short)((1u << CL) - 1));
+        }
+      }
+      tma_load_2d(base + s * STAGE + A_BYTES, &tb, bars + 8 * s, kb * 128, blockIdx.x * BR);
+    }
+  } else if (warp == 1) {
+    for (int kb = 0; kb < KB; ++kb) {
+      const u32 s = kb % STAGES, ph = (kb / STAGES) & 1;
+      mbar_wait(bars + 8 * s, ph);
+      __syncwarp();
+      if (lane == 0) {
+        if (CL == 1) mbar_arrive(bars + 8 * (STAGES + s));
+        for (int p = 0; p < (CL > 1 ? CL : 0); ++p) mbar_arrive_cluster(bars + 8 * (STAGES + s), p);
+      }
+    }
+  }
+  if (CL > 1) cluster_sync();
+}
+'''
+
+# (name, cluster size, A rows, B rows, CTAs): the 64-row GEMM tiles of BENCHMARKS.md run 32 and cuBLAS's 48 x 64 x 4
+VARIANTS = [
+    ("64x32, 128 CTAs", 1, 64, 32, 128),
+    ("64x48, 86 CTAs", 1, 64, 48, 86),
+    ("64x48, 86 CTAs, pairs", 2, 64, 48, 86),
+    ("64x48, 88 CTAs, quads", 4, 64, 48, 88),
+    ("64x32, 128 CTAs, quads", 4, 64, 32, 128),
+    ("B only 48 rows, 88 CTAs", 1, 0, 48, 88),
+    ("B only 48 rows, 132 CTAs", 1, 0, 48, 132),
+]
+
+
+def kernel(cl: int, ar: int, br: int, stages: int, kb: int) -> runtime.Kernel:
+    src = (compiler.read_header() + SOURCE
+           + f'extern "C" __global__ void __launch_bounds__(64, 1)'
+           + (f" __cluster_dims__({cl}, 1, 1)" if cl > 1 else "")
+           + " tma_rate(const __grid_constant__ dg::TmaDesc ta, const __grid_constant__ dg::TmaDesc tb) {\n"
+           + f"  stream_body<{cl}, {ar}, {br}, {stages}, {kb}>(ta, tb);\n}}\n")
+    cubin, _ = compiler.build("tma_rate", src)
+    return runtime.Kernel(cubin, "tma_rate", 1024 + stages * (ar + br) * 128 + 16 * stages)
+
+
+def run(name: str, cl: int, ar: int, br: int, ctas: int, k: int, stages: int, clock: float) -> dict:
+    kb = k // 128
+    a = torch.randint(0, 255, (max(ar, 8), k), dtype=torch.uint8, device="cuda")
+    b = torch.randint(0, 255, (ctas * br, k), dtype=torch.uint8, device="cuda")
+    ta = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, a.shape[0], k, 128, max(ar // cl, 1),
+                               runtime.SWIZZLE_128B)
+    tb = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, b.shape[0], k, 128, br, runtime.SWIZZLE_128B)
+    kern = kernel(cl, ar, br, stages, kb)
+    dev = torch.cuda.current_device()
+    launch = lambda: kern.launch(dev, ctas, 64, [ta, tb])  # noqa: E731
+    for _ in range(3):
+        launch()
+    torch.cuda.synchronize()
+    reps, times = 20, []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            launch()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / reps / 1e3)
+    t = min(times)
+    recv = (ar + br) * 128 * kb  # bytes each CTA receives
+    issued = (ar // cl + br) * 128 * kb
+    return {"name": name, "cl": cl, "ar": ar, "br": br, "ctas": ctas, "k": k, "stages": stages, "us": t * 1e6,
+            "b_tbs": ctas * br * 128 * kb / t / 1e12, "recv_b_per_clk": recv / t / clock,
+            "issued_b_per_clk": issued / t / clock, "total_recv_tbs": ctas * recv / t / 1e12, "clock_hz": clock}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--k", type=int, default=28672)
+    ap.add_argument("--stages", type=int, default=12)
+    ap.add_argument("--clock-ghz", type=float, default=1.77,
+                    help="SM clock for the per-clock figures (Nsight Compute saw 1.72-1.79 GHz in run 32)")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("tma_rate: needs a CUDA device")
+        return
+    rows = []
+    for name, cl, ar, br, ctas in VARIANTS:
+        r = run(name, cl, ar, br, ctas, args.k, args.stages, args.clock_ghz * 1e9)
+        rows.append(r)
+        print(f"{name:28s} {r['us']:7.1f} us  B {r['b_tbs']:.2f} TB/s  into the SMs {r['total_recv_tbs']:.2f} TB/s  "
+              f"per SM: received {r['recv_b_per_clk']:.1f} B/clk, requested {r['issued_b_per_clk']:.1f} B/clk",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
