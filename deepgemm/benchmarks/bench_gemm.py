@@ -30,8 +30,8 @@ CONTIG = [(4, 8192), (8, 4096)]            # (groups, rows per group)
 MASKED = [(1, 256), (8, 64), (32, 32), (32, 256)]  # (groups, rows per group)
 
 
-def time_graph(fns, reps: int = 5) -> float:
-    """Seconds per call: fns is a list of closures (one per input copy); one graph runs them all."""
+def capture(fns) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of the closures fns (each run once first: JIT compiles, workspaces), replayed once."""
     for f in fns:
         f()
     torch.cuda.synchronize()
@@ -41,6 +41,12 @@ def time_graph(fns, reps: int = 5) -> float:
             f()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def time_graph(fns, reps: int = 5) -> float:
+    """Seconds per call: fns is a list of closures (one per input copy); one graph runs them all."""
+    g = capture(fns)
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

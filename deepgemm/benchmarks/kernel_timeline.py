@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import n_copies, scaled_mm_blockwise, time_graph  # noqa: E402
+from bench_gemm import capture, n_copies, scaled_mm_blockwise, time_graph  # noqa: E402
 
 import deepgemm as dg  # noqa: E402
 
@@ -30,15 +30,7 @@ SHAPES = [(m, n, k) for m in (64, 128) for n, k in
 
 def graph_kernels(fns, reps: int = 3) -> list[dict]:
     """Kernel records (name, ts, dur in us) of `reps` replays of one graph over fns."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
+    g = capture(fns)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             g.replay()

@@ -11,12 +11,16 @@ received per SM per clock and bytes requested by each SM's own TMA per clock (at
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
+import os
+import sys
 
 import torch
 
-from deepgemm.jit import compiler, runtime
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gemm import time_graph  # noqa: E402
+
+from deepgemm.jit import compiler, runtime  # noqa: E402
 
 SOURCE = r'''
 template <int CL, int AR, int BR, int STAGES, int KB>
@@ -102,19 +106,7 @@ def run(name: str, cl: int, ar: int, br: int, ctas: int, k: int, stages: int, cl
     kern = kernel(cl, ar, br, stages, kb)
     dev = torch.cuda.current_device()
     launch = lambda: kern.launch(dev, ctas, 64, [ta, tb])  # noqa: E731
-    for _ in range(3):
-        launch()
-    torch.cuda.synchronize()
-    reps, times = 20, []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            launch()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / reps / 1e3)
-    t = min(times)
+    t = time_graph([launch] * 20)  # a graph of 20 launches, median of 5 replays
     recv = (ar + br) * 128 * kb  # bytes each CTA receives
     issued = (ar // cl + br) * 128 * kb
     return {"name": name, "cl": cl, "ar": ar, "br": br, "ctas": ctas, "k": k, "stages": stages, "us": t * 1e6,
