@@ -6,11 +6,14 @@ Each CTA streams K / 128 blocks through a ring of shared-memory stages, as a sma
 block, AR rows of 128 B of "A" (the same rows for every CTA, as activations) and BR rows of "B" (its own rows, as
 weights). With clusters of CL CTAs, each CTA issues AR / CL rows of A multicast to the whole cluster, and a stage is
 refilled only when every CTA of the cluster has released it (as the GEMM kernel does with MCAST). One warp per CTA
-consumes: it waits for each stage and releases it at once. Prints per variant: time, B's rate from DRAM, bytes
+consumes: it waits for each stage and releases it at once. The "B by cp.async" variants load B through the
+load/store unit instead (four warps, 16 bytes a thread a copy, each arriving on the stage's barrier), beside the TMA
+unit's A. Prints per variant: time, B's rate from DRAM, bytes
 received per SM per clock and bytes requested by each SM's own TMA per clock (at --clock-ghz)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -23,8 +26,8 @@ from bench_gemm import time_graph  # noqa: E402
 from deepgemm.jit import compiler, runtime  # noqa: E402
 
 SOURCE = r'''
-template <int CL, int AR, int BR, int STAGES, int KB>
-__device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::TmaDesc& tb) {
+template <int CL, int AR, int BR, int STAGES, int KB, bool LSU>
+__device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::TmaDesc& tb, const unsigned char* b) {
   using namespace dg;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   u32 base = smem_addr(smem_raw);
@@ -36,7 +39,7 @@ __device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::Tma
   if (CL > 1) asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(bars + 8 * s, 1);
+      mbar_init(bars + 8 * s, LSU ? 1 + 128 : 1);  // LSU: each B loader's cp.async arrival counts
       mbar_init(bars + 8 * (STAGES + s), CL);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -47,7 +50,7 @@ __device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::Tma
     for (int kb = 0; kb < KB; ++kb) {
       const u32 s = kb % STAGES, ph = (kb / STAGES) & 1;
       mbar_wait(bars + 8 * (STAGES + s), ph ^ 1);
-      mbar_expect_tx(bars + 8 * s, STAGE);
+      mbar_expect_tx(bars + 8 * s, LSU ? A_BYTES : STAGE);
       if (AR) {
         if (CL == 1) {
           tma_load_2d(base + s * STAGE, &ta, bars + 8 * s, kb * 128, 0);
@@ -57,7 +60,21 @@ __device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::Tma
                             (unsigned short)((1u << CL) - 1));
         }
       }
-      tma_load_2d(base + s * STAGE + A_BYTES, &tb, bars + 8 * s, kb * 128, blockIdx.x * BR);
+      if (!LSU) tma_load_2d(base + s * STAGE + A_BYTES, &tb, bars + 8 * s, kb * 128, blockIdx.x * BR);
+    }
+  } else if (LSU && warp >= 2) {
+    // B by cp.async through the load/store unit, 16 bytes a thread a copy, beside the TMA unit's A
+    const int t = threadIdx.x - 64;
+    for (int kb = 0; kb < KB; ++kb) {
+      const u32 s = kb % STAGES, ph = (kb / STAGES) & 1;
+      mbar_wait(bars + 8 * (STAGES + s), ph ^ 1);
+      for (int c = t; c < BR * 8; c += 128) {
+        const int r = c / 8, j = c % 8;
+        const unsigned char* src = b + ((long long)blockIdx.x * BR + r) * (KB * 128) + kb * 128 + j * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                     :: "r"(base + s * STAGE + A_BYTES + r * 128 + j * 16), "l"(src) : "memory");
+      }
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bars + 8 * s) : "memory");
     }
   } else if (warp == 1) {
     for (int kb = 0; kb < KB; ++kb) {
@@ -74,42 +91,50 @@ __device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::Tma
 }
 '''
 
-# (name, cluster size, A rows, B rows, CTAs): the 64-row GEMM tiles of BENCHMARKS.md run 32 and cuBLAS's 48 x 64 x 4
+# (name, cluster size, A rows, B rows, CTAs, B by cp.async): the 64-row GEMM tiles of BENCHMARKS.md run 32 and
+# cuBLAS's 48 x 64 x 4
 VARIANTS = [
-    ("64x32, 128 CTAs", 1, 64, 32, 128),
-    ("64x48, 86 CTAs", 1, 64, 48, 86),
-    ("64x48, 86 CTAs, pairs", 2, 64, 48, 86),
-    ("64x48, 88 CTAs, quads", 4, 64, 48, 88),
-    ("64x32, 128 CTAs, quads", 4, 64, 32, 128),
-    ("B only 48 rows, 88 CTAs", 1, 0, 48, 88),
-    ("B only 48 rows, 132 CTAs", 1, 0, 48, 132),
+    ("64x32, 128 CTAs", 1, 64, 32, 128, False),
+    ("64x48, 86 CTAs", 1, 64, 48, 86, False),
+    ("64x48, 86 CTAs, pairs", 2, 64, 48, 86, False),
+    ("64x48, 88 CTAs, quads", 4, 64, 48, 88, False),
+    ("64x32, 128 CTAs, quads", 4, 64, 32, 128, False),
+    ("64x48, 86 CTAs, B by cp.async", 1, 64, 48, 86, True),
+    ("64x32, 128 CTAs, B by cp.async", 1, 64, 32, 128, True),
+    ("B only 48 rows, 88 CTAs", 1, 0, 48, 88, False),
+    ("B only 48 rows, 132 CTAs", 1, 0, 48, 132, False),
 ]
 
 
-def kernel(cl: int, ar: int, br: int, stages: int, kb: int) -> runtime.Kernel:
+def threads(lsu: bool) -> int:
+    return 192 if lsu else 64  # producer warp, consumer warp (+ 4 warps loading B by cp.async)
+
+
+def kernel(cl: int, ar: int, br: int, stages: int, kb: int, lsu: bool) -> runtime.Kernel:
     src = (compiler.read_header() + SOURCE
-           + f'extern "C" __global__ void __launch_bounds__(64, 1)'
+           + f'extern "C" __global__ void __launch_bounds__({threads(lsu)}, 1)'
            + (f" __cluster_dims__({cl}, 1, 1)" if cl > 1 else "")
-           + " tma_rate(const __grid_constant__ dg::TmaDesc ta, const __grid_constant__ dg::TmaDesc tb) {\n"
-           + f"  stream_body<{cl}, {ar}, {br}, {stages}, {kb}>(ta, tb);\n}}\n")
+           + " tma_rate(const __grid_constant__ dg::TmaDesc ta, const __grid_constant__ dg::TmaDesc tb,"
+           + " const unsigned char* b) {\n"
+           + f"  stream_body<{cl}, {ar}, {br}, {stages}, {kb}, {'true' if lsu else 'false'}>(ta, tb, b);\n}}\n")
     cubin, _ = compiler.build("tma_rate", src)
     return runtime.Kernel(cubin, "tma_rate", 1024 + stages * (ar + br) * 128 + 16 * stages)
 
 
-def run(name: str, cl: int, ar: int, br: int, ctas: int, k: int, stages: int, clock: float) -> dict:
+def run(name: str, cl: int, ar: int, br: int, ctas: int, lsu: bool, k: int, stages: int, clock: float) -> dict:
     kb = k // 128
     a = torch.randint(0, 255, (max(ar, 8), k), dtype=torch.uint8, device="cuda")
     b = torch.randint(0, 255, (ctas * br, k), dtype=torch.uint8, device="cuda")
     ta = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, a.shape[0], k, 128, max(ar // cl, 1),
                                runtime.SWIZZLE_128B)
     tb = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, b.shape[0], k, 128, br, runtime.SWIZZLE_128B)
-    kern = kernel(cl, ar, br, stages, kb)
+    kern = kernel(cl, ar, br, stages, kb, lsu)
     dev = torch.cuda.current_device()
-    launch = lambda: kern.launch(dev, ctas, 64, [ta, tb])  # noqa: E731
+    launch = lambda: kern.launch(dev, ctas, threads(lsu), [ta, tb, ctypes.c_void_p(b.data_ptr())])  # noqa: E731
     t = time_graph([launch] * 20)  # a graph of 20 launches, median of 5 replays
     recv = (ar + br) * 128 * kb  # bytes each CTA receives
-    issued = (ar // cl + br) * 128 * kb
-    return {"name": name, "cl": cl, "ar": ar, "br": br, "ctas": ctas, "k": k, "stages": stages, "us": t * 1e6,
+    issued = (ar // cl + (0 if lsu else br)) * 128 * kb  # by the SM's TMA unit
+    return {"name": name, "lsu": lsu, "cl": cl, "ar": ar, "br": br, "ctas": ctas, "k": k, "stages": stages, "us": t * 1e6,
             "b_tbs": ctas * br * 128 * kb / t / 1e12, "recv_b_per_clk": recv / t / clock,
             "issued_b_per_clk": issued / t / clock, "total_recv_tbs": ctas * recv / t / 1e12, "clock_hz": clock}
 
@@ -126,11 +151,11 @@ def main() -> None:
         print("tma_rate: needs a CUDA device")
         return
     rows = []
-    for name, cl, ar, br, ctas in VARIANTS:
-        r = run(name, cl, ar, br, ctas, args.k, args.stages, args.clock_ghz * 1e9)
+    for name, cl, ar, br, ctas, lsu in VARIANTS:
+        r = run(name, cl, ar, br, ctas, lsu, args.k, args.stages, args.clock_ghz * 1e9)
         rows.append(r)
         print(f"{name:28s} {r['us']:7.1f} us  B {r['b_tbs']:.2f} TB/s  into the SMs {r['total_recv_tbs']:.2f} TB/s  "
-              f"per SM: received {r['recv_b_per_clk']:.1f} B/clk, requested {r['issued_b_per_clk']:.1f} B/clk",
+              f"per SM: received {r['recv_b_per_clk']:.1f} B/clk, requested by its TMA {r['issued_b_per_clk']:.1f} B/clk",
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
