@@ -62,6 +62,26 @@ def n_copies(bytes_per_call: int) -> int:
     return max(1, min(8, math.ceil(150e6 / bytes_per_call)))
 
 
+def scaled_mm_tensor(a, b):
+    """cuBLAS FP8 with per-tensor scales (1.0) through torch._scaled_mm, as a closure: D = A B^T, BF16 out."""
+    one = torch.ones((), device=a.device)
+    return lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def dense_inputs(m, n, k):
+    """Random FP8 operands (A's scales MN-major, as the kernels take them), and enough copies of them, each with
+    a BF16 output, that one pass over the copies misses L2. Returns (a, b, copies of (a, b), outputs, bytes)."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
+    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
+    nbytes = m * k + n * k + 2 * m * n + 4 * (m * k // 128 + n * k // 16384)
+    copies = n_copies(nbytes)
+    sets = [(a, b) if i == 0 else ((a[0].clone(), a[1].clone()), (b[0].clone(), b[1].clone())) for i in range(copies)]
+    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    return a, b, sets, outs, nbytes
+
+
 _blockwise_layout = None
 
 
@@ -87,15 +107,8 @@ def scaled_mm_blockwise(a, sfa, b, sfb):
 
 
 def bench_dense(m, n, k, with_ref=True, peers=True):
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
-    nbytes = m * k + n * k + 2 * m * n + 4 * (m * k // 128 + n * k // 16384)
+    a, b, sets, outs, nbytes = dense_inputs(m, n, k)
     flops = 2 * m * n * k
-    copies = n_copies(nbytes)
-    sets = [(a, b) if i == 0 else ((a[0].clone(), a[1].clone()), (b[0].clone(), b[1].clone())) for i in range(copies)]
-    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     row = {"layout": "dense", "m": m, "n": n, "k": k}
     t = time_graph([(lambda s=s, o=o: dg.fp8_gemm_nt(s[0], s[1], o)) for s, o in zip(sets, outs)])
     r = torch.empty(m, n, device="cuda")
@@ -114,10 +127,7 @@ def bench_dense(m, n, k, with_ref=True, peers=True):
         row.update(cublas_block_tflops=flops / tb / 1e12, speedup_vs_block=tb / t)
     except RuntimeError as e:
         row["cublas_block_error"] = str(e)
-    one = torch.ones((), device="cuda")
-    pt = [(lambda s=s: torch._scaled_mm(s[0][0], s[1][0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-          for s in sets]
-    tp = time_graph(pt)
+    tp = time_graph([scaled_mm_tensor(s[0][0], s[1][0]) for s in sets])
     row.update(cublas_tensor_tflops=flops / tp / 1e12, ratio_vs_tensor=tp / t)
     if with_ref:
         tr = time_graph([lambda: ref.ref_gemm_nt(*a, *b, r)], reps=3)
@@ -151,8 +161,7 @@ def bench_contiguous(g, mg, n, k, peers=True):
         row.update(cublas_block_tflops=flops / tb / 1e12, speedup_vs_block=tb / t)
     except RuntimeError as e:
         row["cublas_block_error"] = str(e)
-    one = torch.ones((), device="cuda")
-    tp = time_graph([lambda: torch._scaled_mm(a[0], b[0][0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)])
+    tp = time_graph([scaled_mm_tensor(a[0], b[0][0])])
     row.update(cublas_tensor_tflops=2 * m * n * k / tp / 1e12, ratio_vs_tensor=tp / t)
     return row
 

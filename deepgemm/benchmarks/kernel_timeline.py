@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import capture, n_copies, scaled_mm_blockwise, time_graph  # noqa: E402
+from bench_gemm import capture, dense_inputs, scaled_mm_blockwise, scaled_mm_tensor, time_graph  # noqa: E402
 
 import deepgemm as dg  # noqa: E402
 
@@ -59,18 +59,11 @@ def summarise(ks: list[dict], calls: int) -> dict:
 
 
 def run_shape(m: int, n: int, k: int) -> dict:
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    a = (a[0], dg.get_mn_major_tma_aligned_tensor(a[1]))
-    copies = n_copies(m * k + n * k + 2 * m * n)
-    sets = [(a, b) if i == 0 else ((a[0].clone(), a[1].clone()), (b[0].clone(), b[1].clone())) for i in range(copies)]
-    outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-    one = torch.ones((), device="cuda")
+    _, _, sets, outs, _ = dense_inputs(m, n, k)
+    copies = len(sets)
     peers = {
         "ours": [(lambda s=s, o=o: dg.fp8_gemm_nt(s[0], s[1], o)) for s, o in zip(sets, outs)],
-        "cublas_tensor": [(lambda s=s: torch._scaled_mm(s[0][0], s[1][0].t(), scale_a=one, scale_b=one,
-                                                        out_dtype=torch.bfloat16)) for s in sets],
+        "cublas_tensor": [scaled_mm_tensor(s[0][0], s[1][0]) for s in sets],
     }
     try:
         peers["cublas_block"] = [scaled_mm_blockwise(s[0][0], s[0][1], s[1][0], s[1][1])[0] for s in sets]

@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
-from bench_gemm import scaled_mm_blockwise  # noqa: E402
+from bench_gemm import scaled_mm_blockwise, scaled_mm_tensor  # noqa: E402
 
 import deepgemm as dg  # noqa: E402
 from deepgemm import ref  # noqa: E402
@@ -39,8 +39,7 @@ def profile_shape(spec: str, peer: str = "block") -> None:
     if not diff < 1e-5:
         raise SystemExit(f"{spec}: ours disagrees with the reference (calc_diff {diff:.3e})")
     if peer == "tensor":  # per-tensor scales: cuBLAS's speed of light, no promotion
-        one = torch.ones((), device="cuda")
-        cublas = lambda: torch._scaled_mm(a[0], b[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        cublas = scaled_mm_tensor(a[0], b[0])
         cublas()
     else:
         cublas, _ = scaled_mm_blockwise(a[0], a[1], b[0], b[1])
