@@ -98,20 +98,10 @@ def _check_dense_outputs(x, y):
 
 
 def _check_masked_8x64(seed):
-    """FP8 masked GEMM, 8 groups x 64 rows (two empty-or-full, the rest partial), N = 4096, K = 7168, into
-    poisoned BF16: valid rows match the reference, rows past masked_m stay untouched (NaN)."""
-    g, m_max, n, k = 8, 64, 4096, 7168
-    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32)
-    x, y = _rand((g, m_max, k), seed), _rand((g, n, k), seed + 1)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=32)
-    r = torch.full((g, m_max, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
-    for gi, mg in enumerate(mm.tolist()):
-        assert d[gi, mg:].float().isnan().all()
-        if mg:
-            _check(d[gi, :mg], r[gi, :mg])
+    """FP8 masked GEMM, 8 groups x 64 rows (two empty-or-full, the rest partial), N = 4096, K = 7168, expected_m
+    32 (see _check_masked_run)."""
+    mm = torch.tensor([0, 64, 3, 17, 64, 1, 40, 63], dtype=torch.int32, device=DEV)
+    _check_masked_run(mm, 64, 4096, 7168, seed, expected_m=32)
 
 
 def _check_contiguous_run(m_indices, g, n, k, seed):
@@ -126,14 +116,14 @@ def _check_contiguous_run(m_indices, g, n, k, seed):
     _check_contiguous(d, r, m_indices)
 
 
-def _check_masked_run(mm, m_max, n, k, seed):
-    """FP8 masked GEMM (masked_m = mm, expected_m = m_max) into poisoned BF16: valid rows match the reference,
-    rows past masked_m stay untouched (NaN)."""
+def _check_masked_run(mm, m_max, n, k, seed, expected_m=None):
+    """FP8 masked GEMM (masked_m = mm, expected_m = m_max unless given) into poisoned BF16: valid rows match the
+    reference, rows past masked_m stay untouched (NaN)."""
     g = mm.numel()
     d = poisoned((g, m_max, n), torch.bfloat16, DEV)
     x, y = _rand((g, m_max, k), seed), _rand((g, n, k), seed + 1)
     a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max)
+    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m=m_max if expected_m is None else expected_m)
     r = torch.full((g, m_max, n), float("nan"), device=DEV)
     ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm)
     for gi, mg in enumerate(mm.tolist()):
@@ -299,16 +289,7 @@ def test_swap_ab_masked(g, m_max, expected, swap, monkeypatch):
     gen = torch.Generator().manual_seed(g)
     mm = torch.randint(0, m_max + 1, (g,), generator=gen, dtype=torch.int32)
     mm[0], mm[1] = 0, m_max
-    x, y = _rand((g, m_max, k), 22), _rand((g, n, k), 23)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    d = poisoned((g, m_max, n), torch.bfloat16, DEV)
-    dg.m_grouped_fp8_gemm_nt_masked(a, b, d, mm.to(DEV), expected_m=expected)
-    r = torch.full((g, m_max, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_masked(*a, *b, r, mm.to(DEV))
-    for gi, m in enumerate(mm.tolist()):
-        assert d[gi, m:].float().isnan().all(), f"group {gi}: rows past masked_m written"
-        if m:
-            _check(d[gi, :m], r[gi, :m])
+    _check_masked_run(mm.to(DEV), m_max, n, k, 22, expected_m=expected)
 
 
 @pytest.mark.parametrize("epi", ["staged", "direct"])
@@ -449,14 +430,8 @@ def test_bn256_wide_tiles(mode, epi, monkeypatch):
         monkeypatch.setenv("DEEPGEMM_BLOCKS", "128x256") if force else monkeypatch.delenv("DEEPGEMM_BLOCKS", raising=False)
         m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, mean, g + 50), device=DEV)
         m = m_indices.numel()
-        d = poisoned((m, n), torch.bfloat16, DEV)
-        assert kernels.make_config("contiguous", True, d, None, n, k, m, 1).bn == 256
-        x, y = _rand((m, k), 15), _rand((g, n, k), 16)
-        a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-        dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-        r = torch.full((m, n), float("nan"), device=DEV)
-        ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
-        _check_contiguous(d, r, m_indices)
+        assert kernels.make_config("contiguous", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m, 1).bn == 256
+        _check_contiguous_run(m_indices, g, n, k, 15)
     monkeypatch.delenv("DEEPGEMM_BLOCKS", raising=False)
     g, m_max, n, k = 4, 256, 4096, 7168
     assert kernels.make_config("masked", True, poisoned((1, 1), torch.bfloat16, DEV), None, n, k, m_max, g).bn == 256
@@ -596,14 +571,7 @@ def test_min_sms_grid(monkeypatch):
     _check_fp8_with_c(m, n, k, 71, 72)
     g, n, k = 4, 4096, 7168
     m_indices = dg.testing.make_contiguous_m_indices(_group_sizes(g, 700, 73), device=DEV)
-    m = m_indices.numel()
-    x, y = _rand((m, k), 74), _rand((g, n, k), 75)
-    a, b = dg.per_token_cast_to_fp8(x), dg.per_block_cast_to_fp8(y)
-    d = poisoned((m, n), torch.bfloat16, DEV)
-    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
-    r = torch.full((m, n), float("nan"), device=DEV)
-    ref.ref_m_grouped_gemm_nt_contiguous(*a, *b, r, m_indices)
-    _check_contiguous(d, r, m_indices)
+    _check_contiguous_run(m_indices, g, n, k, 74)
 
 
 # ---- DEEPGEMM_SPLIT_K: cross-CTA split-K at M <= 128 ----------------------------------------------------
