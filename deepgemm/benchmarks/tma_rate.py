@@ -118,7 +118,7 @@ __device__ __forceinline__ void stream_body(const dg::TmaDesc& ta, const dg::Tma
 # (name, cluster size, A rows, B rows, CTAs, B by cp.async[, SF, SF own]): the 64-row GEMM tiles of BENCHMARKS.md
 # run 32 and cuBLAS's 48 x 64 x 4. SF > 0 adds the GEMM's third box, 64 floats of A's scales per K block (the
 # MN-major layout: K block kb's 64 floats are row kb of a [K / 128, 64 x CTAs] tensor), SF blocks' rows in one
-# box with every SF-th stage; SF own: each CTA reads its own 64 columns (else all read the same, as the GEMM does);
+# box with every SF-th K block; SF own: each CTA reads its own 64 columns (else all read the same, as the GEMM does);
 # KPR: K blocks per box of A and B (3-D maps; a stage holds KPR blocks, the ring has --stages / KPR stages)
 VARIANTS = [
     ("64x32, 128 CTAs", 1, 64, 32, 128, False),
@@ -187,21 +187,25 @@ def run(name: str, cl: int, ar: int, br: int, ctas: int, lsu: bool, k: int, stag
         raise ValueError(f"SF {sf}: must divide the stages ({stages}) and K blocks ({kb})")
     a = torch.randint(0, 255, (max(ar, 8), k), dtype=torch.uint8, device="cuda")
     b = torch.randint(0, 255, (ctas * br, k), dtype=torch.uint8, device="cuda")
-    ta = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, a.shape[0], k, 128, max(ar // cl, 1),
-                               runtime.SWIZZLE_128B)
-    tb = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, b.shape[0], k, 128, br, runtime.SWIZZLE_128B)
     if kpr > 1:
         ta, tb = tensor_map_kblocks(a, max(ar, 8), kpr), tensor_map_kblocks(b, br, kpr)
-    sfa = torch.rand(kb, 64 * ctas, device="cuda")
-    tsf = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, 64 * ctas, kb, 64 * ctas * 4, 64, max(sf, 1),
-                                runtime.SWIZZLE_NONE)
+    else:
+        ta = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, a.shape[0], k, 128, max(ar // cl, 1),
+                                   runtime.SWIZZLE_128B)
+        tb = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, b.shape[0], k, 128, br, runtime.SWIZZLE_128B)
+    tsf = runtime.TmaDesc()  # (unused without SF)
+    if sf:
+        sfa = torch.rand(kb, 64 * ctas, device="cuda")
+        tsf = runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, 64 * ctas, kb, 64 * ctas * 4, 64, sf,
+                                    runtime.SWIZZLE_NONE)
     kern = kernel(cl, ar, br, stages, kb, lsu, sf, sf_own, kpr)
     dev = torch.cuda.current_device()
     launch = lambda: kern.launch(dev, ctas, threads(lsu), [ta, tb, tsf, ctypes.c_void_p(b.data_ptr())])  # noqa: E731
     t = time_graph([launch] * 20)  # a graph of 20 launches, median of 5 replays
     recv = (ar + br) * 128 * kb  # bytes each CTA receives
     issued = (ar // cl + (0 if lsu else br)) * 128 * kb  # by the SM's TMA unit
-    return {"name": name, "sf": sf, "sf_own": sf_own, "kpr": kpr, "lsu": lsu, "cl": cl, "ar": ar, "br": br, "ctas": ctas, "k": k, "stages": stages, "us": t * 1e6,
+    return {"name": name, "sf": sf, "sf_own": sf_own, "kpr": kpr, "lsu": lsu, "cl": cl, "ar": ar, "br": br,
+            "ctas": ctas, "k": k, "stages": stages, "us": t * 1e6,
             "b_tbs": ctas * br * 128 * kb / t / 1e12, "recv_b_per_clk": recv / t / clock,
             "issued_b_per_clk": issued / t / clock, "total_recv_tbs": ctas * recv / t / 1e12, "clock_hz": clock}
 
@@ -218,8 +222,8 @@ def main() -> None:
         print("tma_rate: needs a CUDA device")
         return
     rows = []
-    for name, cl, ar, br, ctas, lsu, *sf in VARIANTS:
-        r = run(name, cl, ar, br, ctas, lsu, args.k, args.stages, args.clock_ghz * 1e9, *sf)
+    for name, cl, ar, br, ctas, lsu, *sf_kpr in VARIANTS:
+        r = run(name, cl, ar, br, ctas, lsu, args.k, args.stages, args.clock_ghz * 1e9, *sf_kpr)
         rows.append(r)
         print(f"{name:32s} {r['us']:7.1f} us  B {r['b_tbs']:.2f} TB/s  into the SMs {r['total_recv_tbs']:.2f} TB/s  "
               f"per SM: received {r['recv_b_per_clk']:.1f} B/clk, requested by its TMA {r['issued_b_per_clk']:.1f} B/clk",

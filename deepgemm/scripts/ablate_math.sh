@@ -18,7 +18,8 @@ for variant in stock nomma nomma_nosfa; do
   if [ $variant = nomma_nosfa ]; then
     sed -i 's/(FP8 ? sfa_box \* 4 : 0)/0/; s/^ *if (FP8) tma_load_2d(sSFA.*$/\/\/ ablated/' $H
   fi
-  grep -c ablated $H
+  edits=$(grep -c ablated $H); want=$(case $variant in stock) echo 0;; nomma) echo 2;; *) echo 3;; esac)
+  [ "$edits" = "$want" ] || { echo "ablate_math: $variant made $edits edits, expected $want (source changed?)"; cp /tmp/sm90_gemm.orig $H; exit 1; }
   run $variant
   run $variant DEEPGEMM_BLOCKS=64x32 DEEPGEMM_SPLIT_K=0
 done
