@@ -562,6 +562,10 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* fh = getenv("FLASHMLA_FP8_F16");
   a.fp8_f16 = fh && fh[0] ? atoi(fh) : 0;
   if (a.fp8_f16 != 0 && a.fp8_f16 != 1) return "FLASHMLA_FP8_F16 must be 0 or 1";
+  // FLASHMLA_FP8_Q=1 (register-fed swap-AB kernel, opt-in): Q's NoPE part rounded to e4m3 per query row
+  const char* fq = getenv("FLASHMLA_FP8_Q");
+  a.fp8_q = fq && fq[0] ? atoi(fq) : 0;
+  if (a.fp8_q != 0 && a.fp8_q != 1) return "FLASHMLA_FP8_Q must be 0 or 1";
   // FLASHMLA_SWAPAB_RF=0 (opt-out): the FP8 cache at 1..32 rows in the bf16-stage swap-AB kernel (below)
   const char* rf = getenv("FLASHMLA_SWAPAB_RF");
   if (rf && rf[0] && strcmp(rf, "0") != 0 && strcmp(rf, "1") != 0) return "FLASHMLA_SWAPAB_RF must be 0 or 1";

@@ -30,6 +30,9 @@
 //     sigmas between pages (exact) with alpha, and multiplied by sigma at the end. NR = 16: the whole page
 //     converted (128 registers) and its slot released before P^T is waited; NR = 32 (O^T: 128 registers):
 //     batches of 4 m-tiles of one k-step, two converted before P^T is waited, the slot released after the last.
+// FLASHMLA_FP8_Q=1 (Q8): WG0 rounds Q's NoPE part to e4m3 per query row (rf_convert_q8; its 2^e per row applied to
+//   S in fp32) and issues S's NoPE part as 16 e4m3 wgmmas m64nNRk32 on the raw key bytes as loaded (rf_issue_s8):
+//   no conversion, half the tensor work; V's side is unchanged.
 // Layout of K's A fragment (S^T): warp w's keys 16w + g and 16w + g + 8; lane c reads bytes [32c, 32c + 32)
 // of each 128-column tile, word j of them (columns 32c + 4j ..+3) feeding k-step 8t + j: columns
 // 32c + 4j + {0, 1} are the fragment's k = 2c, 2c + 1 and + {2, 3} its k = 2c + 8, 2c + 9. The Q tile stores
@@ -51,7 +54,7 @@ template <int NR>
 struct RfLayout {
   static constexpr int SLOTS = 4, QSLAB = NR * 128, OFF_QF = SLOTS * RF_PAGE;
   static constexpr int OFF_P = OFF_QF + NSLAB * QSLAB, OFF_MISC = OFF_P + 4 * QSLAB;
-  static constexpr int MISC = NR == 16 ? 1536 : 3072, SMEM = OFF_MISC + MISC + 1024;  // 128 B of mbarriers, 20 NR + 4 floats
+  static constexpr int MISC = NR == 16 ? 1536 : 3072, SMEM = OFF_MISC + MISC + 1024;  // 128 B of mbarriers, 21 NR + 4 floats
   static_assert(OFF_QF % 1024 == 0 && OFF_P % 1024 == 0, "swizzled tiles: 1 KiB aligned");
   static_assert(SMEM <= 232448, "shared memory");
 };
@@ -67,7 +70,7 @@ template <int NR>
 struct RfCta : Part {
   using L = RfLayout<NR>;
   uint32_t uRaw, uQF, uP, uBar;
-  float *sMax, *sL, *sAlpha, *sInv, *sQred;  // [2][4][NR], [2][4][NR], [2][NR], [2][NR], [4]
+  float *sMax, *sL, *sAlpha, *sInv, *sQred, *sQs;  // [2][4][NR], [2][4][NR], [2][NR], [2][NR], [4], [NR]
   int m;
   __device__ uint32_t raw_full(int s) const { return uBar + 8 * s; }
   __device__ uint32_t raw_empty(int s) const { return uBar + 32 + 8 * s; }
@@ -95,6 +98,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NR / 2], const uint32_t (&x)
     RF_WGMMA_RS("m64n32k16", "f16", RF_ACC16, "{%16, %17, %18, %19}, %20", "%21", RF_OUT8(d), RF_OUT8((d + 8)));
   else
     RF_WGMMA_RS("m64n32k16", "bf16", RF_ACC16, "{%16, %17, %18, %19}, %20", "%21", RF_OUT8(d), RF_OUT8((d + 8)));
+}
+// D[64xNR] += A[64x32] (registers: 4 x e4m3x4) B[32xNR] (e4m3, K-major descriptor): S^T of FLASHMLA_FP8_Q=1
+template <int NR, int ACCUMULATE = 1>
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[NR / 2], const uint32_t (&x)[4], uint64_t db) {
+  if constexpr (NR == 16)
+    asm volatile("wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 " RF_ACC8 "}, {%8, %9, %10, %11}, %12, %13, 1, 1;\n"
+                 : RF_OUT8(d) : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db), "n"(ACCUMULATE));
+  else
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " RF_ACC16 ", {%16, %17, %18, %19}, %20, %21, 1, 1;\n"
+                 : RF_OUT8(d), RF_OUT8((d + 8)) : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "l"(db), "n"(ACCUMULATE));
 }
 #undef RF_WGMMA_RS
 #undef RF_ACC8
@@ -231,6 +244,60 @@ __device__ __forceinline__ float rf_convert_q(const DecodeArgs& a, const RfCta<N
   return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
 }
 
+// FLASHMLA_FP8_Q=1: the request's Q rows -> B operand of S with the NoPE part in e4m3, row n scaled by 2^-e[n] (the
+// least e with max |Q[n, :512]| 2^-e <= 448: e = E - 8, or E - 7 above 1.75 2^E; clamped to [-100, 100]; 2^e[n]
+// into sQs[n]), each k-step's 32 bytes permuted to the fragment order of rf_issue_s8; RoPE bf16 as in rf_convert_q.
+// flashmla.testing.fp8_query rounds the same way. Thread t: columns 8(t & 7) + 64 sl.. of rows (t >> 3) + 16 hh.
+template <int NR>
+__device__ __forceinline__ void rf_convert_q8(const DecodeArgs& a, const RfCta<NR>& c, int b, int t) {
+  constexpr int QSLAB = RfLayout<NR>::QSLAB;
+  const int ch = t & 7;
+  bar_sync(RF_BAR_Q, 128);  // WG0's S of the previous request is done with uQF and sQs
+#pragma unroll
+  for (int hh = 0; hh < NR / 16; ++hh) {
+    const int n = (t >> 3) + 16 * hh;
+    const uint4* src = static_cast<const uint4*>(a.q) + ((int64_t)b * c.m + n) * (D_QK / 8) + ch;
+    uint4 v[NSLAB];
+    float mx = 0.f;
+#pragma unroll
+    for (int sl = 0; sl < NSLAB; ++sl) v[sl] = n < c.m ? __ldg(src + 8 * sl) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int sl = 0; sl < 8; ++sl) mx = absmax_bf16x8(v[sl], mx);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    const uint32_t u = __float_as_uint(mx);
+    const int e = mx > 0.f ? min(max((int)(u >> 23) - 135 + ((u & 0x7fffffu) > 0x600000u), -100), 100) : 0;
+    if (ch == 0) c.sQs[n] = __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
+    const float down = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+    for (int sl = 0; sl < NSLAB; ++sl) {
+      const uint32_t w[4] = {v[sl].x, v[sl].y, v[sl].z, v[sl].w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // 4 columns: d0 = 8ch + 4h of the slab
+        const int d0 = 8 * ch + 4 * h;
+        uint32_t lo = w[2 * h], hi = w[2 * h + 1];
+        if (sl < 8) {  // column 128 tl + 32 cq + 16 hf + 8 p + 4 x: k-step 4 tl + 2 hf + p, bytes 16 x + 4 cq..
+          const int r = (64 * sl + d0) & 127;
+          const int col = ((r >> 4) & 1) * 64 + ((r >> 3) & 1) * 32 + ((r >> 2) & 1) * 16 + (r >> 5) * 4;
+          const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo));
+          const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+          const uint32_t p0 = __nv_cvt_float2_to_fp8x2(make_float2(f0.x * down, f0.y * down), __NV_SATFINITE, __NV_E4M3);
+          const uint32_t p1 = __nv_cvt_float2_to_fp8x2(make_float2(f1.x * down, f1.y * down), __NV_SATFINITE, __NV_E4M3);
+          st_shared_u32(c.uQF + (sl >> 1) * QSLAB + swz128(n, col >> 1), p0 | (p1 << 16));
+        } else {
+          const int kk = 32 + ((d0 >> 2) & 3), col = (kk & 3) * 16 + 2 * (d0 >> 4);
+          const uint32_t dst = c.uQF + (kk >> 2) * QSLAB;
+          st_shared_u32(dst + swz128(n, col), lo);
+          st_shared_u32(dst + swz128(n, col + 8), hi);
+        }
+      }
+    }
+  }
+  fence_async_smem();
+  bar_sync(RF_BAR_Q, 128);
+}
+
 // lse of the request's query columns of this thread (l: their row sums; WG0 lanes with gq == 0 of warp 0)
 template <int NR>
 __device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int cq,
@@ -240,6 +307,86 @@ __device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta<NR
     const int n = rf_col(k, cq);
     if (n < c.m) store_lse(a, w, b, c.m, n, mrow[k], l[k]);
   }
+}
+
+// RoPE's A fragments of k-steps 32..35 (bf16 as stored) from the raw keys tok0 / tok1
+__device__ __forceinline__ void rf_load_rope(uint32_t tok0, uint32_t tok1, int cq, uint32_t (&f)[4][4]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const uint32_t off = D_V + 16 + 32 * cq + 16 * hf;
+    const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
+    f[2 * hf][0] = x0.x, f[2 * hf][1] = x1.x, f[2 * hf][2] = x0.y, f[2 * hf][3] = x1.y;
+    f[2 * hf + 1][0] = x0.z, f[2 * hf + 1][1] = x1.z, f[2 * hf + 1][2] = x0.w, f[2 * hf + 1][3] = x1.w;
+  }
+}
+
+// FLASHMLA_FP8_Q=1: S^T of one page as rf_issue_s, the NoPE part by e4m3 wgmma m64nNRk32 straight from the raw bytes
+// (no conversion): bytes [32cq + 16hf, +16) of each key's tile tl are k-steps 4tl + 2hf + {0, 1}, words 2p and
+// 2p + 1 their fragment's k = 4cq.. and 16 + 4cq.. (rf_convert_q8 stores Q in that order)
+template <int NR>
+__device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq, uint64_t dq, float (&st)[4][NR / 2],
+                                            float (&sr)[NR / 2], uint4 (&r)[2]) {
+  constexpr int QSLAB = RfLayout<NR>::QSLAB;
+  auto db_of = [&](int kk) { return dq + (((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4); };
+  // NR = 16: every fragment loaded first; NR = 32 (80 accumulator registers): tiles 0-1, tiles 2-3, then RoPE in
+  // tiles 0-1's registers once their wgmmas are done
+  uint32_t ak[2][8][4], ar[4][4];
+  auto load = [&](int half) {
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+      const uint32_t o = 256 * half + 128 * (kp >> 1) + 32 * cq + 16 * (kp & 1);
+      const uint4 x0 = lds128(tok0 + o), x1 = lds128(tok1 + o);
+      uint32_t(&f)[8][4] = ak[half];
+      f[2 * kp][0] = x0.x, f[2 * kp][1] = x1.x, f[2 * kp][2] = x0.y, f[2 * kp][3] = x1.y;
+      f[2 * kp + 1][0] = x0.z, f[2 * kp + 1][1] = x1.z, f[2 * kp + 1][2] = x0.w, f[2 * kp + 1][3] = x1.w;
+    }
+    fence_u32(ak[half]);
+  };
+  auto issue = [&](int half) {
+#pragma unroll
+    for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+    fence_regs(sr);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int kk = 8 * half + j;
+      if ((kk & 3) == 0) wgmma_rs_e4m3<NR, 0>(st[kk >> 2], ak[half][j], db_of(kk));
+      else wgmma_rs_e4m3<NR>(st[kk >> 2], ak[half][j], db_of(kk));
+    }
+  };
+  auto issue_rope = [&]() {
+    wgmma_rs<NR, false, 0>(sr, ar[0], db_of(32));
+#pragma unroll
+    for (int j = 1; j < 4; ++j) wgmma_rs<NR, false>(sr, ar[j], db_of(32 + j));
+  };
+  r[0] = lds128(tok0 + D_V), r[1] = lds128(tok1 + D_V);
+  if constexpr (NR == 16) {
+    rf_load_rope(tok0, tok1, cq, ar);
+    load(0);
+    load(1);
+    fence_u32(ar);
+    issue(0);
+    issue(1);
+    issue_rope();
+  } else {
+    load(0);
+    issue(0);
+    wgmma_commit();
+    load(1);
+    issue(1);
+    wgmma_commit();
+    wgmma_wait1();  // tiles 0-1 are read: their registers take RoPE
+    rf_load_rope(tok0, tok1, cq, ar);
+    fence_u32(ar);
+    fence_regs(sr);
+    wgmma_fence();
+    issue_rope();
+  }
+  wgmma_commit();
+  wgmma_wait0();
+#pragma unroll
+  for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+  fence_regs(sr);
 }
 
 // S^T of one page into st (per scale tile) and sr (RoPE) from this thread's raw keys tok0 / tok1 (committed and
@@ -261,15 +408,7 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
       f[q][2] = f16x2_of_e4m3x2<1>(u0[q]), f[q][3] = f16x2_of_e4m3x2<1>(u1[q]);
     }
   };
-  auto rope = [&](uint32_t(&f)[4][4]) {  // k-steps 32..35, bf16 as stored
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const uint32_t off = D_V + 16 + 32 * cq + 16 * hf;
-      const uint4 x0 = lds128(tok0 + off), x1 = lds128(tok1 + off);
-      f[2 * hf][0] = x0.x, f[2 * hf][1] = x1.x, f[2 * hf][2] = x0.y, f[2 * hf][3] = x1.y;
-      f[2 * hf + 1][0] = x0.z, f[2 * hf + 1][1] = x1.z, f[2 * hf + 1][2] = x0.w, f[2 * hf + 1][3] = x1.w;
-    }
-  };
+  auto rope = [&](uint32_t(&f)[4][4]) { rf_load_rope(tok0, tok1, cq, f); };
   // k-step kk (0..35) into its accumulator; the first of each one overwrites it
   auto mma = [&](int kk, const uint32_t(&x)[4]) {
     if (kk == 32) wgmma_rs<NR, false, 0>(sr, x, db_of(kk));
@@ -318,18 +457,18 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
   fence_regs(sr);
 }
 
-template <int NR, bool LO>
+template <int NR, bool LO, bool Q8>
 __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int t,
                                              int& it, int rq, float qmul) {
   constexpr int NQ = NR / 4, SLOTS = RfLayout<NR>::SLOTS;  // query columns per thread
   const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
-  const float scale_log2 = a.softmax_scale * LOG2E, qs_log2 = qmul * scale_log2;
-  float mrow[NQ], lrow[NQ];
+  const float scale_log2 = a.softmax_scale * LOG2E;
+  float qs_log2[NQ], mrow[NQ], lrow[NQ];  // (qs: Q's scale, 2^E or under Q8 the row's 2^e, in the exp2 domain)
   int lim[NQ];
 #pragma unroll
   for (int k = 0; k < NQ; ++k) {
     const int n = rf_col(k, cq);
-    mrow[k] = NEG_INF, lrow[k] = 0.f;
+    mrow[k] = NEG_INF, lrow[k] = 0.f, qs_log2[k] = (Q8 ? c.sQs[n] : qmul) * scale_log2;
     lim[k] = (a.causal && n < c.m) ? min(w.L, w.L - a.s_q + 1 + n / a.h_q) : w.L;
   }
   const uint64_t dq = desc_kmajor(c.uQF);
@@ -340,7 +479,8 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
     // ---- S^T per scale tile and of RoPE; the keys' tile scales
     float st[4][NR / 2], sr[NR / 2];
     uint4 r[2];
-    rf_issue_s<NR>(tok0, tok1, cq, dq, st, sr, r);
+    if constexpr (Q8) rf_issue_s8<NR>(tok0, tok1, cq, dq, st, sr, r);
+    else rf_issue_s<NR>(tok0, tok1, cq, dq, st, sr, r);
     const float sc[2][4] = {{__uint_as_float(r[0].x), __uint_as_float(r[0].y), __uint_as_float(r[0].z), __uint_as_float(r[0].w)},
                             {__uint_as_float(r[1].x), __uint_as_float(r[1].y), __uint_as_float(r[1].z), __uint_as_float(r[1].w)}};
     // ---- S in the exp2 domain, keys past a column's limit masked, column max over the 64 keys
@@ -351,7 +491,7 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
 #pragma unroll
     for (int i = 0; i < NR / 2; ++i) {
       const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
-      const float v = (st[0][i] * sc[h][0] + st[1][i] * sc[h][1] + st[2][i] * sc[h][2] + st[3][i] * sc[h][3]) * qs_log2 +
+      const float v = (st[0][i] * sc[h][0] + st[1][i] * sc[h][1] + st[2][i] * sc[h][2] + st[3][i] * sc[h][3]) * qs_log2[k] +
                       sr[i] * scale_log2;
       sacc[i] = key0 + 8 * h < lim[k] ? v : NEG_INF;  // (NaN bytes past the length: a select, not a product)
       mx[k] = fmaxf(mx[k], sacc[i]);
@@ -594,7 +734,7 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta<NR
   }
 }
 
-template <int NR>
+template <int NR, bool Q8>
 __global__ void __launch_bounds__(RF_THREADS, 1)
     mla_decode_swapab_rf_kernel(const __grid_constant__ DecodeArgs a) {
   using L = RfLayout<NR>;
@@ -604,7 +744,7 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
   RfCta<NR> c;
   c.uRaw = base, c.uQF = base + L::OFF_QF, c.uP = base + L::OFF_P, c.uBar = base + L::OFF_MISC;
   c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + L::OFF_MISC + 128);
-  c.sL = c.sMax + 8 * NR, c.sAlpha = c.sL + 8 * NR, c.sInv = c.sAlpha + 2 * NR, c.sQred = c.sInv + 2 * NR;
+  c.sL = c.sMax + 8 * NR, c.sAlpha = c.sL + 8 * NR, c.sInv = c.sAlpha + 2 * NR, c.sQred = c.sInv + 2 * NR, c.sQs = c.sQred + 4;
   c.m = a.s_q * a.h_q;
   if (!load_part(a.meta, a.batch, c)) return;
   if (threadIdx.x == 0) {
@@ -634,9 +774,9 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
         if (t < 4) rf_write_lse<NR>(a, c, w, b, t, m0, l0);
         continue;
       }
-      const float qmul = rf_convert_q<NR>(a, c, b, t);
-      if (lo) rf_s_request<NR, true>(a, c, w, b, t, it, rq, qmul);
-      else rf_s_request<NR, false>(a, c, w, b, t, it, rq, qmul);
+      const float qmul = Q8 ? (rf_convert_q8<NR>(a, c, b, t), 1.f) : rf_convert_q<NR>(a, c, b, t);
+      if (lo) rf_s_request<NR, true, Q8>(a, c, w, b, t, it, rq, qmul);
+      else rf_s_request<NR, false, Q8>(a, c, w, b, t, it, rq, qmul);
     } else {
       if (lo) rf_v_request<NR, true>(a, c, w, b, t, it, rq);
       else rf_v_request<NR, false>(a, c, w, b, t, it, rq);
@@ -648,9 +788,10 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
 template <int NR>
 int launch_rf(const DecodeArgs& a, void* stream) {
   constexpr int SMEM = RfLayout<NR>::SMEM;
-  cudaError_t e = cudaFuncSetAttribute(mla_decode_swapab_rf_kernel<NR>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+  auto kernel = a.fp8_q ? mla_decode_swapab_rf_kernel<NR, true> : mla_decode_swapab_rf_kernel<NR, false>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
-  mla_decode_swapab_rf_kernel<NR><<<dim3(1, a.parts), RF_THREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a);
+  kernel<<<dim3(1, a.parts), RF_THREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a);
   return cudaGetLastError();
 }
 

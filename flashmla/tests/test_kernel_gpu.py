@@ -625,6 +625,47 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
 
 
+# FLASHMLA_FP8_Q=1: S's NoPE part on the FP8 tensor cores, whose sums of 32 products keep fewer bits than fp32
+# (the per-128-column accumulators bound how far that goes): lse within this of its oracle, not 1e-5
+FP8_Q_LSE_TOL = 2e-3
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (32, 1), (17, 1), (9, 3)])
+@pytest.mark.parametrize("data", ["randn", "wide", "large_q", "small_q", "jumpy"])
+def test_fp8_swapab_rf_fp8_query(h_q, s_q, data, monkeypatch):
+    """FLASHMLA_FP8_Q=1 (Q's NoPE part rounded to e4m3 per query row, S by FP8 wgmma) on the data of
+    test_fp8_swapab_rf_data, against the reference on that Q (flashmla.testing.fp8_query) and the register-fed
+    kernel's cache; the same tolerances but lse's (FP8_Q_LSE_TOL); and against the float32 reference on the
+    unquantised cache, 1 - cosine within 3x the default's (Q bf16) + 5e-4 (H200: 1.9e-3 against 8.3e-4 at
+    worst, large_q, sharper softmax)."""
+    need_kernel()
+    rf_env(monkeypatch, "auto")
+    monkeypatch.setenv("FLASHMLA_FP8_Q", "1")
+    if data == "jumpy":
+        monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "100000")
+    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=29 * h_q + s_q)
+    q, kc = shape_data(q, kc, data, 6)
+    k8 = flashmla.quantize_kvcache(kc)
+    poison_fp8_tails(k8, bt, sl)
+    out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
+    ro, rl = rf_reference(q, k8, bt, sl, s_q > 1, fp8_q=True)
+    unit = 1e-6 if data == "small_q" else 1.0
+    check((out.float() * unit).to(out.dtype), lse, ro * unit, rl, lse_tol=FP8_Q_LSE_TOL)
+    assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
+    # against the unquantised cache, Q in e4m3 adds little to what the cache's own rounding costs (Q in bf16)
+    exact, _ = flashmla.mla_decode_ref(q, kc, bt, sl, 512, causal=s_q > 1)
+    monkeypatch.setenv("FLASHMLA_FP8_Q", "0")
+    out_bf16q, _ = run(q, k8, bt, sl, s_q > 1, fp8=True)
+    miss = [1 - torch.nn.functional.cosine_similarity(o.float().flatten(), exact.flatten(), dim=0).item()
+            for o in (out, out_bf16q)]
+    assert miss[0] < 3 * miss[1] + 5e-4, f"1 - cosine vs the unquantised cache: Q e4m3 {miss[0]}, bf16 {miss[1]}"
+    monkeypatch.setenv("FLASHMLA_FP8_Q", "2")
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    with pytest.raises(RuntimeError, match="FLASHMLA_FP8_Q must be 0 or 1"):
+        flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
+
+
 def test_fp8_swapab_rf_applies_only_to_fp8_up_to_32_rows(monkeypatch):
     """The register-fed kernel runs the FP8 cache at 1..32 rows and leaves every BF16 case to the swap-AB kernel
     (33 FP8 rows, beyond swap-AB, to the default one, as 17 under FLASHMLA_SWAPAB_MAX_ROWS=16; run() asserts which

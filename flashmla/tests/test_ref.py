@@ -304,3 +304,28 @@ def test_rf_values_and_the_reference_with_a_value_cache():
     o2, l2 = ref.mla_decode_ref(q, vc, bt, sl, 512)  # K from vc as well: only the logits change
     assert torch.equal(out[1], o2[1]) and not torch.equal(lse, l2) and torch.isinf(lse[1]).all()
     assert (out - ref.mla_decode_ref(q, kd, bt, sl, 512)[0]).abs().max() < 1e-3
+
+
+def test_fp8_query_rounds_each_row_to_e4m3_with_a_power_of_two_scale():
+    """flashmla.testing.fp8_query (the oracle's Q under FLASHMLA_FP8_Q=1): per row, NoPE / 2^e has its largest
+    magnitude in [224, 448] and is an e4m3 value, within half an e4m3 step of the input; RoPE and zero rows as
+    they are; rows over 40 decades."""
+    from flashmla.testing import fp8_query
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 7, 576, generator=g) * torch.logspace(-20, 20, 7)[None, None, :, None]
+    q = q.to(torch.bfloat16)
+    q[1, 2, 3] = 0
+    got = fp8_query(q)
+    nope, rope = q.float()[..., :512], q.float()[..., 512:]
+    assert got.dtype == torch.float32 and torch.equal(got[..., 512:], rope) and (got[1, 2, 3] == 0).all()
+    amax = nope.abs().amax(-1, keepdim=True)
+    live = amax[..., 0] > 0
+    e = torch.floor(torch.log2(amax / 448)) + 1  # the least e with amax 2^-e <= 448
+    e = torch.where(amax / 448 == torch.exp2(e - 1), e - 1, e)
+    scaled = got[..., :512] / torch.exp2(e)
+    top = scaled.abs().amax(-1)[live]
+    assert (top >= 224).all() and (top <= 448).all()  # (above 224 before rounding)
+    scaled = scaled[live]
+    assert torch.equal(scaled, scaled.to(torch.float8_e4m3fn).float())
+    step = torch.exp2(torch.floor(torch.log2(scaled.abs().clamp_min(2.0 ** -6)))) / 8  # e4m3: 3 mantissa bits
+    assert ((scaled - (nope / torch.exp2(e))[live]).abs() <= step / 2 + 1e-12).all()
