@@ -10,13 +10,16 @@ layout: requests of a few pages replayed through the kernel's maps in float64, f
     RF_MAX_SLACK, alpha, f16 P hi / lo);
   - V's A fragments: PRMT of two keys' words, scale / sigma in f16 (sigma: the page's largest scale of the warp's
     tile as a power of two), m-tile rows -> value columns d0 + 2mt (+ 1); O rescaled by sigma ratios; the epilogue;
-  and compares out and lse with attention on dequantize_kvcache(k, float32) (0xFF bytes past every length).
+  - FLASHMLA_FP8_Q=1: Q's NoPE part in e4m3 per row (2^e, its 4-byte groups permuted) as the e4m3 B operand, K's
+    e4m3 A fragments straight from the raw bytes (m64nNRk32), S scaled by 2^e per query column;
+  and compares out and lse with attention on dequantize_kvcache(k, float32) (0xFF bytes past every length; under
+  FP8_Q with flashmla.testing.fp8_query's Q).
 protocol: randomised interleavings of the producer (a ring of 4 page slots), the four warps of the S warpgroup (Q
   conversion, S, sMax by page parity, P^T and alpha by page parity, row sums and 1/l by request parity) and the four
   of the P V warpgroup (NR = 16: the page's V read, its slot released, then P^T; NR = 32: a quarter of V read, then
   P^T, then the rest and the slot), with the kernel's mbarrier counts and parities: no deadlock, every read sees
   the version it expects.
-`--mutants` breaks one map, count, wait or buffer at a time and asserts each is caught. ~5 s:
+`--mutants` breaks one map, count, wait or buffer at a time and asserts each is caught. ~15 s:
 
     python flashmla/csrc/models/swapab_rf_model.py [--trials N] [--mutants]
 """
@@ -28,6 +31,7 @@ import numpy as np
 import torch
 
 from flashmla.quant import dequantize_kvcache, quantize_kvcache
+from flashmla.testing import fp8_query
 from sim import MBar, NBar, expect_caught, page_mixes, simulate
 
 TOKEN, SLOTS, MAX_SLACK = 656, 4, 8.0
@@ -85,6 +89,76 @@ def convert_q(q, m, mut):
                         assert addr not in tile, "Q tile element written twice"
                         tile[addr] = v[i]
     return tile, 2.0 ** e
+
+
+def convert_q8(q, m, mut):
+    """FLASHMLA_FP8_Q=1: q float64 [NR, 576] -> (tile {byte address: value}, 2^e per row): each live row's NoPE part
+    scaled by 2^-e (e = E - 8, or E - 7 when max |row| = m 2^E has m > 1.75) and rounded to e4m3 (the value kept in
+    scaled units), its 4-byte groups at k-step 4tl + 2hf + p, bytes 16x + 4cq.. of that k-step; RoPE as convert_q."""
+    nr = q.shape[0]
+    qslab = nr * 128
+    qs = np.ones(nr)
+    for n in range(m):
+        mant, ex = math.frexp(max(abs(q[n, d]) for d in range(512)))
+        if mant > 0:
+            qs[n] = 2.0 ** min(max(ex - 9 + (2 * mant > 1.75), -100), 100)
+    if mut == "q8_row_scale_of_row0":
+        qs[:] = qs[0]
+    live = np.arange(nr)[:, None] < m
+    q8 = torch.from_numpy(np.where(live, q[:, :512] / qs[:, None], 0.0)).to(torch.float8_e4m3fn).double().numpy()
+    tile = {}
+    for t in range(128):
+        for hh in range(nr // 16):
+            n, ch = (t >> 3) + 16 * hh, t & 7
+            for sl in range(9):
+                for h in range(2):
+                    d = 64 * sl + 8 * ch + 4 * h
+                    if sl < 8:
+                        r = d & 127
+                        x16, p8 = ((r >> 3) & 1, (r >> 2) & 1) if mut == "q8_halves_swapped" else ((r >> 2) & 1, (r >> 3) & 1)
+                        col = ((r >> 4) & 1) * 64 + p8 * 32 + x16 * 16 + (r >> 5) * 4
+                        for j in range(4):
+                            c = col + j
+                            addr = (sl >> 1) * qslab + n * 128 + ((((c >> 4) ^ n) & 7) << 4) + (c & 15)
+                            assert addr not in tile, "Q8 tile byte written twice"
+                            tile[addr] = q8[n, d + j]
+                    else:
+                        d0 = 8 * ch + 4 * h
+                        kk, cc = 32 + ((d0 >> 2) & 3), d0 >> 4
+                        col = (kk & 3) * 16 + 2 * cc
+                        for i, c in enumerate((col, col + 1, col + 8, col + 9)):
+                            tile[(kk >> 2) * qslab + swz128(n, c)] = q[n, 512 + d0 + i] if n < m else 0.0
+    return tile, qs
+
+
+def b_operand8(tile, nr):
+    """The e4m3 K-major B operand of S's NoPE part: [NR rows][16 k-steps x 32] (scaled units)."""
+    qslab = nr * 128
+
+    def byte(n, kk, k):
+        c = (kk & 3) * 32 + k
+        return tile[(kk >> 2) * qslab + n * 128 + ((((c >> 4) ^ n) & 7) << 4) + (c & 15)]
+    return np.array([[byte(n, kk, k) for kk in range(16) for k in range(32)] for n in range(nr)])
+
+
+def k_fragments8(raw):
+    """FLASHMLA_FP8_Q=1: e4m3 A fragments of S^T's NoPE part (m64nNRk32) -> logical A [64 keys][16 x 32]: bytes
+    [32cq + 16hf, +16) of a key's tile tl are k-steps 4tl + 2hf + p, word 2p at k = 4cq.., word 2p + 1 at 16 + 4cq.."""
+    a = np.full((64, 512), np.nan)
+    for t in range(128):
+        w4, lane = t >> 5, t & 31
+        gq, cq = lane >> 2, lane & 3
+        for key in (16 * w4 + gq, 16 * w4 + gq + 8):
+            for tl in range(4):
+                for hf in range(2):
+                    b = raw[key, 128 * tl + 32 * cq + 16 * hf:][:16]
+                    for p in range(2):
+                        kk = 4 * tl + 2 * hf + p
+                        for j in range(4):
+                            for k, byte in ((4 * cq + j, b[8 * p + j]), (16 + 4 * cq + j, b[8 * p + 4 + j])):
+                                assert np.isnan(a[key, 32 * kk + k]), "K8 fragment element written twice"
+                                a[key, 32 * kk + k] = E4M3[byte]
+    return a
 
 
 def b_operand(tile, nr):
@@ -163,11 +237,19 @@ def v_fragments(raw, valid, mut):
     return col, sig
 
 
-def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
-    """One request through the kernel's maps (P hi / lo below min_keys keys): (out [m, 512], lse [m]) in float64."""
+def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None, q8=False):
+    """One request through the kernel's maps (P hi / lo below min_keys keys; q8: FLASHMLA_FP8_Q=1): (out [m, 512],
+    lse [m]) in float64."""
     nr = q.shape[0]
-    tile, qmul = convert_q(q, m, mut)
-    bq = b_operand(tile, nr)
+    if q8:
+        tile, qmul = convert_q8(q, m, mut)
+        bq8 = b_operand8(tile, nr)
+        bq = np.zeros((nr, 576))
+        bq[:, 512:] = [[tile[8 * nr * 128 + swz128(n, (kk & 3) * 16 + k)] for kk in range(32, 36) for k in range(16)]
+                       for n in range(nr)]
+    else:
+        tile, qmul = convert_q(q, m, mut)
+        bq = b_operand(tile, nr)
     mrow, lrow = np.full(nr, -np.inf), np.zeros(nr)
     o = np.zeros((512, nr))
     sig_prev = {w: 0.0 for w in range(4)}
@@ -176,7 +258,11 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
         valid = L - 64 * p
         a = k_fragments(raw, mut)
         sc = raw[:, 512:528].copy().view(np.float32).astype(np.float64)
-        st = [a[:, 128 * t:128 * t + 128] @ bq[:, 128 * t:128 * t + 128].T for t in range(4)]  # [64 keys, 16]
+        if q8:  # (the kernel's S_t also scaled by 2^e per query row, below)
+            a8 = k_fragments8(raw)
+            st = [a8[:, 128 * t:128 * t + 128] @ bq8[:, 128 * t:128 * t + 128].T for t in range(4)]
+        else:
+            st = [a[:, 128 * t:128 * t + 128] @ bq[:, 128 * t:128 * t + 128].T for t in range(4)]  # [64 keys, 16]
         sr = a[:, 512:] @ bq[:, 512:].T
         tl = [(t + 1) % 4 if mut == "k_tile_scales_shifted" else t for t in range(4)]
         with np.errstate(invalid="ignore"):
@@ -210,7 +296,7 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None):
     return out.T[:m], lse[:m]
 
 
-def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=None):
+def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=None, q8=False):
     g = torch.Generator().manual_seed(seed)
     npg = (L + 63) // 64
     kc = torch.randn(npg * 64, 576, generator=g).to(torch.bfloat16)
@@ -224,11 +310,13 @@ def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=N
     k8[L:] = 0xFF  # NaN values and scales past the length
     q = torch.randn(nr, 576, generator=g).to(torch.bfloat16).double()
     q[m:] *= 50.0  # the next request's rows: must not set E
+    if q8:  # rows of different magnitudes: different 2^e
+        q = (q * torch.pow(2.0, torch.arange(nr) % 5 - 2.0)[:, None]).to(torch.bfloat16).double()
     scale = 576 ** -0.5
     raw = k8.numpy()
-    out, lse = rf_attention([raw[64 * p:64 * p + 64] for p in range(npg)], L, q.numpy(), m, scale, min_keys, mut)
+    out, lse = rf_attention([raw[64 * p:64 * p + 64] for p in range(npg)], L, q.numpy(), m, scale, min_keys, mut, q8)
     kd = dequantize_kvcache(k8[:L], torch.float32).double()
-    logits = q[:m] @ kd.T * scale
+    logits = (fp8_query(q[:m]).double() if q8 else q[:m]) @ kd.T * scale
     ref_lse = torch.logsumexp(logits, -1)
     ref = torch.softmax(logits, -1) @ kd[:, :512]
     assert np.isfinite(out).all(), "non-finite output"
@@ -243,6 +331,9 @@ def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=N
 LAYOUT_CASES = [(100, 16, 1), (1, 5, 2), (64, 11, 3), (130, 16, 4, True), (70, 3, 5, False, 0),
                 (300, 9, 9, False, 1024, 16, True), (150, 32, 6, False, 1024, 32), (65, 17, 7, True, 1024, 32),
                 (400, 24, 8, False, 0, 32, True)]
+# FLASHMLA_FP8_Q=1: both tiles, a tail, hi / lo P
+Q8_CASES = [(100, 16, 11), (130, 7, 12, True), (65, 32, 13, False, 1024, 32), (200, 20, 14, True, 0, 32)]
+Q8_MUTANTS = ("q8_halves_swapped", "q8_row_scale_of_row0", "k_tile_scales_shifted")
 LAYOUT_MUTANTS = ("q_pairs_swapped", "prmt_selectors", "v_rows_swapped", "k_tile_scales_shifted", "no_sigma_rescale",
                   "v_tail_scale_kept", "p_from_page_max")
 
@@ -344,13 +435,16 @@ def main(argv):
     trials = int(argv[argv.index("--trials") + 1]) if "--trials" in argv else 300
     for case in LAYOUT_CASES:
         check_layout(*case)
+    for case in Q8_CASES:
+        check_layout(*case, q8=True)
     print("swapab_rf layout model: Q conversion and permutation, K and V fragments, per-tile scales, sigma, softmax, "
-          "epilogue == attention on dequantize_kvcache(k, float32)")
+          "epilogue, FP8_Q's e4m3 Q and K fragments == attention on dequantize_kvcache(k, float32)")
     print("swapab_rf protocol model ok:", check_protocol(trials), "random schedules, no deadlock, no race")
     if "--mutants" in argv:
         expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES], LAYOUT_MUTANTS)
+        expect_caught(lambda mut: [check_layout(*c, mut=mut, q8=True) for c in Q8_CASES], Q8_MUTANTS)
         expect_caught(lambda mut: check_protocol(trials, mut), PROTOCOL_MUTANTS)
-        print("all", len(LAYOUT_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
+        print("all", len(LAYOUT_MUTANTS) + len(Q8_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
 
 
 if __name__ == "__main__":
