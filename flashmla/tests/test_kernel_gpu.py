@@ -8,11 +8,23 @@ import torch
 
 import flashmla
 from flashmla import ref
-from flashmla.testing import check_decode as check
+from flashmla.testing import check_decode
 from flashmla.testing import f16_dequantized, fp8_reference, make_inputs, rf_reference, wide_tile_cache
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
+
+# FLASHMLA_FP8_Q=1: S's NoPE part on the FP8 tensor cores, whose sums of 32 products keep fewer bits than fp32
+# (the per-128-column accumulators bound how far that goes): lse within this of its oracle, not 1e-5
+FP8_Q_LSE_TOL = 2e-3
+
+
+def check(out, lse, ro, rl, lse_tol=1e-5):
+    """check_decode, with lse within FP8_Q_LSE_TOL where the register-fed kernel ran under FLASHMLA_FP8_Q=1 (so that
+    the whole suite also runs under that switch: `FLASHMLA_FP8_Q=1 pytest -m gpu`; the oracles follow it)."""
+    if os.environ.get("FLASHMLA_FP8_Q") == "1" and flashmla.api._C.last_kernel() == "swapab_rf":
+        lse_tol = max(lse_tol, FP8_Q_LSE_TOL)
+    check_decode(out, lse, ro, rl, lse_tol)
 
 
 KERNELS = ["default", "wgmma"]  # FLASHMLA_KERNEL values, for BF16 and FP8 caches alike (FP8 under
@@ -623,11 +635,6 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     unit = 1e-6 if data == "small_q" else 1.0
     check((out.float() * unit).to(out.dtype), lse, ro * unit, rl)
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
-
-
-# FLASHMLA_FP8_Q=1: S's NoPE part on the FP8 tensor cores, whose sums of 32 products keep fewer bits than fp32
-# (the per-128-column accumulators bound how far that goes): lse within this of its oracle, not 1e-5
-FP8_Q_LSE_TOL = 2e-3
 
 
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (32, 1), (17, 1), (9, 3)])

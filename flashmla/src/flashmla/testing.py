@@ -117,12 +117,14 @@ def fp8_query(q: torch.Tensor) -> torch.Tensor:
     return torch.cat([q8, qf[..., 512:]], -1)
 
 
-def rf_reference(q, k_fp8, block_table, cache_seqlens, causal=False, fp8_q=False):
+def rf_reference(q, k_fp8, block_table, cache_seqlens, causal=False, fp8_q=None):
     """The register-fed swap-AB kernel's oracle: the reference with K from the float32-dequantised cache (exact
     e4m3 values, K's scales applied in fp32) and V as the kernel forms it (rf_values); Q by fp8_query when fp8_q
-    (FLASHMLA_FP8_Q=1)."""
+    (None: when FLASHMLA_FP8_Q=1 is set)."""
     from .quant import dequantize_kvcache
     from .ref import mla_decode_ref
+    if fp8_q is None:
+        fp8_q = os.environ.get("FLASHMLA_FP8_Q") == "1"
     return mla_decode_ref(fp8_query(q) if fp8_q else q, dequantize_kvcache(k_fp8, torch.float32), block_table, cache_seqlens, 512,
                           causal=causal, v_cache=rf_values(k_fp8, block_table, cache_seqlens))
 
@@ -134,8 +136,7 @@ def fp8_reference(q, k_fp8, block_table, cache_seqlens, causal=False):
     from .quant import dequantize_kvcache
     from .ref import mla_decode_ref
     if _C is not None and _C.last_kernel() == "swapab_rf":
-        fp8_q = os.environ.get("FLASHMLA_FP8_Q") == "1"
-        return rf_reference(q, k_fp8, block_table, cache_seqlens, causal, fp8_q)
+        return rf_reference(q, k_fp8, block_table, cache_seqlens, causal)
     return mla_decode_ref(q, dequantize_kvcache(k_fp8), block_table, cache_seqlens, 512, causal=causal)
 
 
