@@ -189,11 +189,17 @@ __device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta<NR>
 }
 
 // ---------------------------------------------------------------- WG0: Q, S, softmax, P^T (t = 0..127)
+// Two words of 16-bit Q values (columns 2cc.., 2cc + 8..) of row n at k-step kk of the Q tile
+template <int NR>
+__device__ __forceinline__ void rf_store_q_words(const RfCta<NR>& c, int n, int kk, int cc, uint32_t lo, uint32_t hi) {
+  const uint32_t dst = c.uQF + (kk >> 2) * RfLayout<NR>::QSLAB, col = (kk & 3) * 16 + 2 * cc;
+  st_shared_u32(dst + swz128(n, col), lo);
+  st_shared_u32(dst + swz128(n, col + 8), hi);
+}
 // The request's Q rows (bf16, global memory) -> the f16 / bf16 B operand of S (see the header); returns 2^E.
 // Thread t converts columns 8(t & 7) + 64 sl.. of rows (t >> 3) + 16 hh (zeros for rows past the request's m).
 template <int NR>
 __device__ __forceinline__ float rf_convert_q(const DecodeArgs& a, const RfCta<NR>& c, int b, int t) {
-  constexpr int QSLAB = RfLayout<NR>::QSLAB;
   const int ch = t & 7;
   uint4 v[NR / 16][NSLAB];
   float mx = 0.f;
@@ -233,9 +239,7 @@ __device__ __forceinline__ float rf_convert_q(const DecodeArgs& a, const RfCta<N
         } else {
           kk = 32 + ((d0 >> 2) & 3), cc = d0 >> 4;
         }
-        const uint32_t dst = c.uQF + (kk >> 2) * QSLAB, col = (kk & 3) * 16 + 2 * cc;
-        st_shared_u32(dst + swz128(n, col), lo);
-        st_shared_u32(dst + swz128(n, col + 8), hi);
+        rf_store_q_words(c, n, kk, cc, lo, hi);
       }
     }
   }
@@ -248,8 +252,9 @@ __device__ __forceinline__ float rf_convert_q(const DecodeArgs& a, const RfCta<N
 // least e with max |Q[n, :512]| 2^-e <= 448: e = E - 8, or E - 7 above 1.75 2^E; clamped to [-100, 100]; 2^e[n]
 // into sQs[n]), each k-step's 32 bytes permuted to the fragment order of rf_issue_s8; RoPE bf16 as in rf_convert_q.
 // flashmla.testing.fp8_query rounds the same way. Thread t: columns 8(t & 7) + 64 sl.. of rows (t >> 3) + 16 hh.
+// Returns 1 (the factor rf_convert_q's 2^E stands for: here per row, in sQs).
 template <int NR>
-__device__ __forceinline__ void rf_convert_q8(const DecodeArgs& a, const RfCta<NR>& c, int b, int t) {
+__device__ __forceinline__ float rf_convert_q8(const DecodeArgs& a, const RfCta<NR>& c, int b, int t) {
   constexpr int QSLAB = RfLayout<NR>::QSLAB;
   const int ch = t & 7;
   bar_sync(RF_BAR_Q, 128);  // WG0's S of the previous request is done with uQF and sQs
@@ -286,16 +291,14 @@ __device__ __forceinline__ void rf_convert_q8(const DecodeArgs& a, const RfCta<N
           const uint32_t p1 = __nv_cvt_float2_to_fp8x2(make_float2(f1.x * down, f1.y * down), __NV_SATFINITE, __NV_E4M3);
           st_shared_u32(c.uQF + (sl >> 1) * QSLAB + swz128(n, col >> 1), p0 | (p1 << 16));
         } else {
-          const int kk = 32 + ((d0 >> 2) & 3), col = (kk & 3) * 16 + 2 * (d0 >> 4);
-          const uint32_t dst = c.uQF + (kk >> 2) * QSLAB;
-          st_shared_u32(dst + swz128(n, col), lo);
-          st_shared_u32(dst + swz128(n, col + 8), hi);
+          rf_store_q_words(c, n, 32 + ((d0 >> 2) & 3), d0 >> 4, lo, hi);
         }
       }
     }
   }
   fence_async_smem();
   bar_sync(RF_BAR_Q, 128);
+  return 1.f;
 }
 
 // lse of the request's query columns of this thread (l: their row sums; WG0 lanes with gq == 0 of warp 0)
@@ -307,6 +310,12 @@ __device__ __forceinline__ void rf_write_lse(const DecodeArgs& a, const RfCta<NR
     const int n = rf_col(k, cq);
     if (n < c.m) store_lse(a, w, b, c.m, n, mrow[k], l[k]);
   }
+}
+
+// The Q tile's B descriptor dq moved to k-step kk (32 bytes each, 4 per slab)
+template <int NR>
+__device__ __forceinline__ uint64_t rf_q_desc(uint64_t dq, int kk) {
+  return dq + (((kk >> 2) * RfLayout<NR>::QSLAB + (kk & 3) * 32) >> 4);
 }
 
 // RoPE's A fragments of k-steps 32..35 (bf16 as stored) from the raw keys tok0 / tok1
@@ -326,8 +335,7 @@ __device__ __forceinline__ void rf_load_rope(uint32_t tok0, uint32_t tok1, int c
 template <int NR>
 __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq, uint64_t dq, float (&st)[4][NR / 2],
                                             float (&sr)[NR / 2], uint4 (&r)[2]) {
-  constexpr int QSLAB = RfLayout<NR>::QSLAB;
-  auto db_of = [&](int kk) { return dq + (((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4); };
+  auto db_of = [&](int kk) { return rf_q_desc<NR>(dq, kk); };
   // NR = 16: every fragment loaded first; NR = 32 (80 accumulator registers): tiles 0-1, tiles 2-3, then RoPE in
   // tiles 0-1's registers once their wgmmas are done
   uint32_t ak[2][8][4], ar[4][4];
@@ -395,8 +403,7 @@ __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq
 template <int NR>
 __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq, uint64_t dq, float (&st)[4][NR / 2],
                                            float (&sr)[NR / 2], uint4 (&r)[2]) {
-  constexpr int QSLAB = RfLayout<NR>::QSLAB;
-  auto db_of = [&](int kk) { return dq + (((kk >> 2) * QSLAB + (kk & 3) * 32) >> 4); };
+  auto db_of = [&](int kk) { return rf_q_desc<NR>(dq, kk); };
   // k-steps 8tl + 4hf + q (q = 0..3) of tile tl: bytes [32cq + 16hf, +16) of both keys' 128-byte tile
   auto nope = [&](int tl, int hf, uint32_t(&f)[4][4]) {
     const uint32_t off = 128 * tl + 32 * cq + 16 * hf;
@@ -774,7 +781,7 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
         if (t < 4) rf_write_lse<NR>(a, c, w, b, t, m0, l0);
         continue;
       }
-      const float qmul = Q8 ? (rf_convert_q8<NR>(a, c, b, t), 1.f) : rf_convert_q<NR>(a, c, b, t);
+      const float qmul = Q8 ? rf_convert_q8<NR>(a, c, b, t) : rf_convert_q<NR>(a, c, b, t);
       if (lo) rf_s_request<NR, true, Q8>(a, c, w, b, t, it, rq, qmul);
       else rf_s_request<NR, false, Q8>(a, c, w, b, t, it, rq, qmul);
     } else {

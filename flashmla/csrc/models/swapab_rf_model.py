@@ -40,6 +40,9 @@ TOKEN, SLOTS, MAX_SLACK = 656, 4, 8.0
 def swz128(r, k): return r * 128 + ((((k >> 3) ^ r) & 7) << 4) + (k & 7) * 2
 
 
+def swz128_byte(r, c): return swz128(r, c >> 1) + (c & 1)  # byte c of row r (the e4m3 Q tile)
+
+
 def f16(x):
     with np.errstate(over="ignore"):  # (rows past m overflow before they are zeroed, as in the kernel)
         return np.float16(x).astype(np.float64)
@@ -119,7 +122,7 @@ def convert_q8(q, m, mut):
                         col = ((r >> 4) & 1) * 64 + p8 * 32 + x16 * 16 + (r >> 5) * 4
                         for j in range(4):
                             c = col + j
-                            addr = (sl >> 1) * qslab + n * 128 + ((((c >> 4) ^ n) & 7) << 4) + (c & 15)
+                            addr = (sl >> 1) * qslab + swz128_byte(n, c)
                             assert addr not in tile, "Q8 tile byte written twice"
                             tile[addr] = q8[n, d + j]
                     else:
@@ -136,8 +139,7 @@ def b_operand8(tile, nr):
     qslab = nr * 128
 
     def byte(n, kk, k):
-        c = (kk & 3) * 32 + k
-        return tile[(kk >> 2) * qslab + n * 128 + ((((c >> 4) ^ n) & 7) << 4) + (c & 15)]
+        return tile[(kk >> 2) * qslab + swz128_byte(n, (kk & 3) * 32 + k)]
     return np.array([[byte(n, kk, k) for kk in range(16) for k in range(32)] for n in range(nr)])
 
 
