@@ -614,6 +614,18 @@ def rf_env(monkeypatch, kernel="swapab"):
     swapab_default_rows(monkeypatch, rf="1")
 
 
+def rf_data_case(h_q, s_q, data, seed, shape_seed):
+    """Inputs of the register-fed kernel's data tests: 10 requests (tails of 1 and 63 tokens, a zero-length one at
+    index 1, one long enough to split), shaped by shape_data, the FP8 cache with 0xFF bytes past every length.
+    Returns (q, bf16 cache, FP8 cache, block_table, seqlens)."""
+    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=seed)
+    q, kc = shape_data(q, kc, data, shape_seed)
+    k8 = flashmla.quantize_kvcache(kc)
+    poison_fp8_tails(k8, bt, sl)
+    return q, kc, k8, bt, sl
+
+
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (3, 5), (1, 1), (11, 1), (32, 1), (16, 2), (17, 1), (9, 3)])
 @pytest.mark.parametrize("data", ["randn", "wide", "large_q", "small_q", "jumpy"])
 def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
@@ -625,11 +637,7 @@ def test_fp8_swapab_rf_data(h_q, s_q, data, monkeypatch):
     rf_env(monkeypatch, "auto")
     if data == "jumpy":  # P exact (hi + lo) at every length: what is compared is the moving reference max, not the
         monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "100000")  # f16 rounding of a sharp softmax's P
-    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
-    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=23 * h_q + s_q)
-    q, kc = shape_data(q, kc, data, 5)
-    k8 = flashmla.quantize_kvcache(kc)
-    poison_fp8_tails(k8, bt, sl)
+    q, kc, k8, bt, sl = rf_data_case(h_q, s_q, data, 23 * h_q + s_q, 5)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
     ro, rl = rf_reference(q, k8, bt, sl, s_q > 1)
     unit = 1e-6 if data == "small_q" else 1.0
@@ -650,11 +658,7 @@ def test_fp8_swapab_rf_fp8_query(h_q, s_q, data, monkeypatch):
     monkeypatch.setenv("FLASHMLA_FP8_Q", "1")
     if data == "jumpy":
         monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "100000")
-    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
-    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=29 * h_q + s_q)
-    q, kc = shape_data(q, kc, data, 6)
-    k8 = flashmla.quantize_kvcache(kc)
-    poison_fp8_tails(k8, bt, sl)
+    q, kc, k8, bt, sl = rf_data_case(h_q, s_q, data, 29 * h_q + s_q, 6)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
     ro, rl = rf_reference(q, k8, bt, sl, s_q > 1, fp8_q=True)
     unit = 1e-6 if data == "small_q" else 1.0
