@@ -110,6 +110,10 @@ GEMV_MAX_M = 16
 GEMV_MAX_TMA_BN = 32
 GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
+# A's scales once per CTA (FP8 dense, M <= SMALL_M; DEEPGEMM_SFA_ONCE=0|1): one TMA box of all rows and K blocks
+# instead of a third box per stage, where the ring keeps at least min(its plain depth, SFA_ONCE_MIN_STAGES) stages.
+SFA_ONCE_DEFAULT = "0"
+SFA_ONCE_MIN_STAGES = 8
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -149,6 +153,7 @@ class Config:
     pdl: int = 0  # 1: launched as a programmatic dependent (DEEPGEMM_PDL; the launch only, like min_sms)
     gemv: int = 0  # 1 / 2 (FP8 dense, M <= 8 * gemv): the small-M kernel (sm90_gemv.cuh); bm = 8 * gemv, bn = 16
     gemv_ks: int = 0  # its K slices per 16 rows of B (1, 2, 4 or 8)
+    sfa_rows: int = 0  # > 0 (FP8 dense, M <= sfa_rows): A's scales of all rows and K blocks loaded once per CTA
 
     @property
     def threads(self) -> int:
@@ -160,27 +165,28 @@ class Config:
 
 
 def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0, swap: int = 0,
-               tstore: int = 0) -> int:
+               tstore: int = 0, sfa_rows: int = 0) -> int:
     """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh (SwapPlan in sm90_gemm_swap.cuh for swap)."""
     if swap:
         return 1024 + stages * (bm * 128 + 64 * 128 + 128) + 16 * stages  # A's scales padded to 128 B
-    sfa = bm * 4 if fp8 else 0
+    sfa = bm * 4 if fp8 and not sfa_rows else 0
+    once = sfa_rows * (k // 128) * 4 + 16 if sfa_rows else 0  # the scales and their mbarrier
     ew = 64 if (fp8 and bn > 128) else bn  # FP8 BN = 256: staged epilogue in 64-column passes
     staging = (bm // 64) * 64 * (ew * 2 + 16) if epi else 0
     if tstore:  # one 8 KB swizzled 64 x 64 BF16 box per warpgroup and 64-column pass
         staging = (bm // 64) * (bn // 64) * 8192
     red = 128 * (bn // 2) * 4 if ksplit else 0
-    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + 16 * stages + staging + red
+    return 1024 + stages * (bm * 128 + bn * 128 + sfa) + once + 16 * stages + staging + red
 
 
 def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0, swap: int = 0,
-               tstore: int = 0) -> int:
+               tstore: int = 0, sfa_rows: int = 0) -> int:
     """Deepest pipeline that fits in shared memory (no deeper than the K blocks). With the K split
     the depth is even, so that every stage is always consumed by the same warpgroup (see
     stages_ok_for_ksplit)."""
     kb = k // (128 if fp8 else 64)
     s = cap
-    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap, tstore) > SMEM_LIMIT:
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap, tstore, sfa_rows) > SMEM_LIMIT:
         s -= 1
     s = max(1, min(s, max(kb, 2)))
     if ksplit and s % 2:
@@ -426,6 +432,20 @@ def parse_blocks(spec: str, fp8: bool) -> tuple[int, int]:
     return bm, bn
 
 
+def sfa_once(env: str, kind: str, fp8: bool, m: int, k: int, bm: int, bn: int, depth) -> tuple[int, int]:
+    """(sfa_rows, stages) under DEEPGEMM_SFA_ONCE=env: "1" loads A's scales once per CTA (sfa_rows = the rows of
+    A's M blocks) for FP8 dense GEMMs with M <= SMALL_M, BN <= 128 and <= 256 K blocks (one TMA box), where
+    depth(sfa_rows=...) keeps at least min(the plain depth, SFA_ONCE_MIN_STAGES); otherwise (0, the plain depth)."""
+    if env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_SFA_ONCE: expected 0 or 1, got {env!r}")
+    plain = depth(sfa_rows=0)
+    rows = bm * ceil_div(m, bm)
+    if env == "0" or not fp8 or kind != "dense" or m > SMALL_M or bn > 128 or k // 128 > 256:
+        return 0, plain
+    once = depth(sfa_rows=rows)
+    return (rows, once) if once >= min(plain, SFA_ONCE_MIN_STAGES) else (0, plain)
+
+
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
     """Kernel parameters for one call (memoised: this runs on every GEMM call)."""
     return _make_config(kind, fp8, d.dtype, None if c is None else c.dtype, n, k, m_hint, groups, get_num_sms(),
@@ -443,7 +463,8 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_PDL", PDL_DEFAULT),
                         os.environ.get("DEEPGEMM_GEMV", GEMV_DEFAULT),
                         os.environ.get("DEEPGEMM_GEMV_KS", ""),
-                        os.environ.get("DEEPGEMM_STAGES", ""))
+                        os.environ.get("DEEPGEMM_STAGES", ""),
+                        os.environ.get("DEEPGEMM_SFA_ONCE", SFA_ONCE_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -451,12 +472,13 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                  small_m_bn_env=SMALL_M_BN_DEFAULT, swap_env=SWAP_AB_DEFAULT, pipe_env=PIPE_DEFAULT,
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
                  tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT,
-                 pdl_env=PDL_DEFAULT, gemv_env=GEMV_DEFAULT, gemv_ks_env="", stages_env="") -> Config:
+                 pdl_env=PDL_DEFAULT, gemv_env=GEMV_DEFAULT, gemv_ks_env="", stages_env="",
+                 sfa_once_env=SFA_ONCE_DEFAULT) -> Config:
     if gemv_env not in ("0", "1", "auto"):
         raise ValueError(f"DEEPGEMM_GEMV: expected 0, 1 or auto, got {gemv_env!r}")
     cfg = _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                          small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env,
-                         min_sms_env, split_k_env, stages_env)
+                         min_sms_env, split_k_env, stages_env, sfa_once_env)
     forced = swap_env != "0" or blocks_env or split_k_env != "auto"  # the user asked for a TMA kernel
     thin = cfg.bn <= GEMV_MAX_TMA_BN and not cfg.splitk  # the TMA kernel would keep few bytes in flight
     if (gemv_env == "1" or (gemv_env == "auto" and thin and not forced)) and fp8 and kind == "dense" \
@@ -472,7 +494,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
 
 def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
                    small_m_bn_env, swap_env, pipe_env, mcast_env, blocks_env, bn256_env, tstore_env, min_sms_env,
-                   split_k_env, stages_env="") -> Config:
+                   split_k_env, stages_env="", sfa_once_env=SFA_ONCE_DEFAULT) -> Config:
     if swap_env not in ("0", "1", "2"):
         raise ValueError(f"DEEPGEMM_SWAP_AB: expected 0, 1 or 2, got {swap_env!r}")
     if min_sms_env not in ("0", "1"):
@@ -500,12 +522,15 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
             if bn > 128:
                 raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
         ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
-        stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit), ksplit)
+        sfa_rows, _ = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
+                               functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit))
+        stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit,
+                                                             sfa_rows=sfa_rows), ksplit)
         # multicast: pairs of N blocks (same M block and K slice) share A's boxes
         mcast = 2 if split_mc and ceil_div(n, bn) % 2 == 0 else 0
         # PIPE: each consumer warpgroup's K blocks in pairs, two in flight
         return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, 0, ksplit,
-                      pipe=int(pipe_on and stages >= 2), mcast=mcast, min_sms=min_sms, splitk=s)
+                      pipe=int(pipe_on and stages >= 2), mcast=mcast, min_sms=min_sms, splitk=s, sfa_rows=sfa_rows)
     bm, bn = choose_blocks(m_hint, n, groups, num_sms, fp8, small_m_bn_env, bn256_env != "0", pipe_on)
     if blocks_env:
         bm, bn = parse_blocks(blocks_env, fp8)
@@ -518,8 +543,10 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     # masked only when forced (BENCHMARKS.md run 23: contiguous +4-6 %, masked 0.96-1.05x)
     grouped_ok = kind == "dense" or (m_hint >= bm and (kind == "contiguous" or tstore_env == "1"))
     tstore = int(want_tstore and epi == 1 and bn % 64 == 0 and grouped_ok)
+    sfa_rows, _ = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
+                           functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore))
     stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit,
-                                                         tstore=tstore), ksplit)
+                                                         tstore=tstore, sfa_rows=sfa_rows), ksplit)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     wide = fp8 and bn == BLOCK_N_FP8_WIDE  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
@@ -536,7 +563,7 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
         elif kind in ("dense", "masked") and ceil_div(n, bn) % 2 == 0:
             mcast = 2
     return Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, bm, bn, stages, epi, ksplit, 0, pipe,
-                  mcast, tstore, min_sms, rs)
+                  mcast, tstore, min_sms, rs, sfa_rows=sfa_rows)
 
 
 # source generation
@@ -561,8 +588,9 @@ def wgmma_specialisation(bn: int, fp8: bool) -> str:
 
 
 def _trailing_args(cfg: Config) -> str:
-    """gemm_body's optional template arguments PIPE, MCAST, TSTORE, RS, SPLITK, up to the last non-zero one."""
-    vals = [cfg.pipe, cfg.mcast, cfg.tstore, cfg.rs, cfg.splitk]
+    """gemm_body's optional template arguments PIPE, MCAST, TSTORE, RS, SPLITK, SFA_ROWS, up to the last non-zero
+    one."""
+    vals = [cfg.pipe, cfg.mcast, cfg.tstore, cfg.rs, cfg.splitk, cfg.sfa_rows]
     while vals and not vals[-1]:
         vals.pop()
     return "".join(f", {v}" for v in vals)
@@ -591,7 +619,8 @@ def _source_fields(cfg: Config) -> dict:
     kernel, one cache entry for either value), and a zero tstore, rs, splitk, gemv or gemv_ks is left out (the
     default kernels' first line as before)."""
     return {k: v for k, v in asdict(cfg).items()
-            if k not in ("min_sms", "pdl") and not (k in ("tstore", "rs", "splitk", "gemv", "gemv_ks") and v == 0)}
+            if k not in ("min_sms", "pdl")
+            and not (k in ("tstore", "rs", "splitk", "gemv", "gemv_ks", "sfa_rows") and v == 0)}
 
 
 def gemv_source(cfg: Config) -> str:
@@ -675,7 +704,8 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
             if eff.gemv:
                 smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks)
             else:
-                smem = smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit, eff.swap, eff.tstore)
+                smem = smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit, eff.swap, eff.tstore,
+                                  eff.sfa_rows)
             kern = runtime.Kernel(cubin, "deepgemm_kernel", smem)
             hit = _kernels[cfg] = (kern, eff)
     return hit
@@ -689,12 +719,12 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def sfa_tensor_map(sfa: torch.Tensor, box: int) -> runtime.TmaDesc:
+def sfa_tensor_map(sfa: torch.Tensor, box: int, box_kb: int = 1) -> runtime.TmaDesc:
     """A's scales, [(G,) M, KB] MN-major with the M stride padded to 4, as a tensor map over the row-major
-    [(G *) KB, M_al] view: boxes of `box` rows of A in one K block."""
+    [(G *) KB, M_al] view: boxes of `box` rows of A in `box_kb` K blocks."""
     m_al = sfa.stride(-1) if sfa.shape[-1] > 1 else ceil_div(sfa.shape[-2], 4) * 4
     outer = sfa.shape[-1] * (sfa.shape[0] if sfa.dim() == 3 else 1)
-    return runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, sfa.shape[-2], outer, m_al * 4, box, 1,
+    return runtime.tensor_map_2d(sfa.data_ptr(), runtime.DT_FLOAT32, sfa.shape[-2], outer, m_al * 4, box, box_kb,
                                  runtime.SWIZZLE_NONE)
 
 
@@ -708,14 +738,14 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
     # small M: load only the rows that exist (rounded to the 8-row swizzle atom), not BM
     align = 16 if cfg.mcast == 2 else 8  # multicast of A: two halves of whole 8-row swizzle atoms
     a_box = min(cfg.bm, ceil_div(m_sched, align) * align)
-    sfa_box = min(cfg.bm, ceil_div(m_sched, 4) * 4)
+    sfa_box = min(cfg.sfa_rows or cfg.bm, ceil_div(m_sched, 4) * 4)
     # multicast of A: each CTA of a cluster loads one half of the A box into both (a_box % 16 == 0)
     box_a = a_box // 2 if cfg.mcast == 2 else a_box
     tma_a = runtime.tensor_map_2d(a.data_ptr(), dt, k, rows_a, k * esize, kel, box_a, runtime.SWIZZLE_128B)
     # multicast: each CTA of a cluster loads one half of the B tile into both
     box_b = cfg.bn // 2 if cfg.mcast == 1 else cfg.bn
     tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, box_b, runtime.SWIZZLE_128B)
-    tma_sfa = sfa_tensor_map(sfa, sfa_box) if cfg.fp8 else _NULL_DESC
+    tma_sfa = sfa_tensor_map(sfa, sfa_box, k // 128 if cfg.sfa_rows else 1) if cfg.fp8 else _NULL_DESC
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa,
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),

@@ -273,9 +273,11 @@ struct Scheduler {
 };
 
 // ---- shared-memory plan (the host computes the same total in deepgemm/jit/kernels.py) --------
-template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT, int TSTORE = 0>
+template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT, int TSTORE = 0, int SFA_ROWS = 0>
 struct SmemPlan {
-  static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 ? BM * 4 : 0;
+  static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 && !SFA_ROWS ? BM * 4 : 0;
+  // SFA_ROWS: A's scales of rows [0, SFA_ROWS) for every K block, loaded once, and their mbarrier
+  static constexpr int kSFAOnceBytes = SFA_ROWS ? SFA_ROWS * (K / 128) * 4 + 16 : 0;
   // staged BF16 epilogue: padded rows (conflict-free writes), kEW columns per pass (FP8 BN = 256: four
   // 64-column passes, so that the staging fits beside 4 pipeline stages)
   static constexpr int kEW = (FP8 && BN > 128) ? 64 : BN;
@@ -284,7 +286,8 @@ struct SmemPlan {
   // after the B stages, TMA-stored to global
   static constexpr int kEpiBytes = TSTORE ? (BM / 64) * (BN / 64) * 8192 : EPI ? (BM / 64) * 64 * kPitch : 0;
   static constexpr int kRedBytes = KSPLIT ? 128 * (BN / 2) * 4 : 0;  // K-split partial sums
-  static constexpr int kTotal = 1024 + STAGES * (kABytes + kBBytes + kSFABytes) + 16 * STAGES + kEpiBytes + kRedBytes;
+  static constexpr int kTotal =
+      1024 + STAGES * (kABytes + kBBytes + kSFABytes) + kSFAOnceBytes + 16 * STAGES + kEpiBytes + kRedBytes;
 };
 
 // EPI = 0: registers -> global directly (any output type); EPI = 1 (BF16 output): registers ->
@@ -323,8 +326,12 @@ struct SmemPlan {
 // counter to 0 (CUDA graph replays need no memset), fences again (acquire), and its threads sum the S
 // partials from L2 in slice order 0..S-1 (deterministic: not in arrival order), then run the direct
 // epilogue (C added, output type converted) on the sum. Other units write nothing to D.
+// SFA_ROWS > 0 (FP8 dense, M <= SFA_ROWS; DEEPGEMM_SFA_ONCE): A's scales of every row and K block come in one TMA
+// box (sfa_box rows x K / 128 blocks, tensor map boxed so) on an mbarrier of their own before the first tile,
+// instead of a third box in every stage: at small M every tile of the CTA has the same rows of A, and a stage's
+// third box cost the load stream ~12 % (BENCHMARKS.md run 33).
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
-          int PIPE = 0, int MCAST = 0, int TSTORE = 0, int RS = 0, int SPLITK = 0>
+          int PIPE = 0, int MCAST = 0, int TSTORE = 0, int RS = 0, int SPLITK = 0, int SFA_ROWS = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, const int* __restrict__ grouped,
@@ -343,7 +350,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + BN - 1) / BN;
-  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT, TSTORE>;
+  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT, TSTORE, SFA_ROWS>;
+  static_assert(!SFA_ROWS || (FP8 && KIND == kDense && SFA_ROWS % 4 == 0 && SFA_ROWS <= 256 && K / 128 <= 256),
+                "SFA_ROWS: FP8 dense, a multiple of 4 rows, <= 256 rows and K blocks (one TMA box)");
   static_assert(!TSTORE || (OUT == kOutBF16 && EPI == 1 && BN % 64 == 0),
                 "TSTORE: BF16 output, staged epilogue, BN a multiple of 64");
   static_assert(EPI == 0 || OUT == kOutBF16, "staged epilogue is BF16-only");
@@ -373,7 +382,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   base += pad;
   const u32 sA = base, sB = sA + STAGES * A_BYTES, sT = sB + STAGES * B_BYTES;  // sT: TSTORE boxes
   const u32 sSFA = sT + (TSTORE ? Plan::kEpiBytes : 0);
-  const u32 bars = sSFA + STAGES * SFA_BYTES;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
+  const u32 sfa_bar = sSFA + STAGES * SFA_BYTES + Plan::kSFAOnceBytes - 16;  // (SFA_ROWS only)
+  const u32 bars = sSFA + STAGES * SFA_BYTES + Plan::kSFAOnceBytes;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
   const float* sfa_smem = reinterpret_cast<const float*>(smem + (sSFA - base));
   // [BM / 64][64][kPitch] (TSTORE: [BM / 64][BN / 64][64 rows x 128 B, swizzled])
   unsigned char* const tail = smem + (bars - base) + 16 * STAGES;
@@ -389,6 +399,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       // one arrival per consumer warp (of both CTAs of the cluster with MCAST)
       mbar_init(bars + 8 * (STAGES + s), (KSPLIT ? 4 : NUM_MATH_WG * 4) * (MCAST ? 2 : 1));
     }
+    if constexpr (SFA_ROWS > 0) mbar_init(sfa_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
@@ -409,6 +420,10 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       Scheduler<KIND, BM, NU_ALL, MCAST> sched(M, num_groups, grouped);
       int m_blk, n_blk, g;
       u32 it = 0;
+      if constexpr (SFA_ROWS > 0) {
+        mbar_expect_tx(sfa_bar, sfa_box * SF_KB * 4);
+        tma_load_2d(sSFA, &tma_sfa, sfa_bar, 0, 0);
+      }
       while (sched.next(m_blk, n_blk, g)) {
         int kb_lo = 0, kb_hi = KB;  // SPLITK: this unit's slice of the K blocks
         if constexpr (SPLITK) {
@@ -425,7 +440,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
           mbar_wait(empty, ph ^ 1);
           // A's box may be shorter than BM when M is (rows past it hold stale data: never stored)
-          mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + (FP8 ? sfa_box * 4 : 0));
+          mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + (FP8 && !SFA_ROWS ? sfa_box * 4 : 0));
           if constexpr (MCAST == 2) {  // a_box_rows is a multiple of 16 (host): 1024-aligned halves
             const int r = (int)(blockIdx.x & 1), half = a_box_rows / 2;
             tma_load_2d_mcast(sA + s * A_BYTES + r * half * 128, &tma_a, full, kb * KEL, a_row + r * half, 3);
@@ -438,7 +453,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           } else {
             tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row);
           }
-          if (FP8) tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BM, sf_y0 + kb);
+          if (FP8 && !SFA_ROWS) tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BM, sf_y0 + kb);
         }
       }
     }
@@ -451,6 +466,20 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const int wrow = KSPLIT ? 0 : wg, kw = KSPLIT ? wg : 0;
   const int wwarp = warp % 4;
   const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
+  if constexpr (SFA_ROWS > 0) mbar_wait(sfa_bar, 0);
+  // A's scales of this thread's two rows in K block kb (stage s): SFA_ROWS: [K block][sfa_box] (rows past the box,
+  // never stored, read its last row)
+  auto a_scales = [&](int kb, u32 s, int m_blk_, float& sa0, float& sa1) {
+    if constexpr (SFA_ROWS > 0) {
+      const int r0 = m_blk_ * BM + wrow * 64 + r_in_wg, last = sfa_box - 1;
+      const float* col = sfa_smem + kb * sfa_box;
+      sa0 = col[r0 < last ? r0 : last];
+      sa1 = col[r0 + 8 < last ? r0 + 8 : last];
+    } else {
+      sa0 = sfa_smem[s * BM + wrow * 64 + r_in_wg];
+      sa1 = sfa_smem[s * BM + wrow * 64 + r_in_wg + 8];
+    }
+  };
   Scheduler<KIND, BM, NU_ALL, MCAST> sched(M, num_groups, grouped);
   int m_blk, n_blk, g;
   bool have = sched.next(m_blk, n_blk, g);
@@ -516,7 +545,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       } else if (have_next) {
         sb0_next = nrow[kw]; sb1_next = nrow[nstep + kw];
       }
-      const float sa0 = sfa_smem[s * BM + wrow * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wrow * 64 + r_in_wg + 8];
+      float sa0, sa1;
+      a_scales(kb, s, m_blk, sa0, sa1);
       sc[0] = sa0 * sb0; sc[1] = sa1 * sb0; sc[2] = sa0 * sb1; sc[3] = sa1 * sb1;
     };
     auto promote = [&](const float (&t)[BN / 2], const float (&sc)[4]) {
@@ -642,7 +672,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         const u32 s = (itb + kb) % STAGES, ph = ((itb + kb) / STAGES) & 1;
         mbar_wait(bars + 8 * s, ph);
         const u32 a_addr = sA + s * A_BYTES + wrow * 64 * 128, b_addr = sB + s * B_BYTES;
-        const float sa0 = sfa_smem[s * BM + wrow * 64 + r_in_wg], sa1 = sfa_smem[s * BM + wrow * 64 + r_in_wg + 8];
+        float sa0, sa1;
+        a_scales(kb, s, m_blk, sa0, sa1);
         sc[0] = sa0 * sb0; sc[1] = sa1 * sb0; sc[2] = sa0 * sb1; sc[3] = sa1 * sb1;
         fence_regs(t);
         wgmma_fence();
