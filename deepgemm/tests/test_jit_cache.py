@@ -143,6 +143,7 @@ def test_pipelined_kernel_falls_back_when_it_spills(monkeypatch):
 
 def test_small_m_switches(monkeypatch):
     import torch
+    monkeypatch.setenv("DEEPGEMM_SFA_ONCE", "0")  # the template arguments checked below end at PIPE / MCAST
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     fill = kernels.make_config("dense", True, d, None, 7168, 2048, 64, 1)
     monkeypatch.setenv("DEEPGEMM_SMALL_M_BN", "pow2")
@@ -262,6 +263,7 @@ def test_multicast_switch(monkeypatch):
     import torch
     monkeypatch.setenv("DEEPGEMM_BN256", "0")  # the 128 x 256 tile has no multicast variant
     monkeypatch.setenv("DEEPGEMM_TMA_STORE", "0")  # nor has the TMA-store epilogue
+    monkeypatch.setenv("DEEPGEMM_SFA_ONCE", "0")  # the template arguments checked below end at MCAST
     monkeypatch.setenv("DEEPGEMM_GEMV", "0")  # nor has the small-M kernel (M = 1 below)
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     assert kernels.make_config("dense", True, d, None, 7168, 2048, 4096, 1).mcast == 0  # off by default

@@ -24,7 +24,7 @@ def test_parsing_and_default(monkeypatch):
     d = torch.empty(1, 1, dtype=torch.bfloat16)
     for n, k in NK:
         assert kernels.make_config("dense", True, d, None, n, k, 64, 1) == _cfg(n, k, 64, kernels.SFA_ONCE_DEFAULT)
-    for bad in ("2", "auto", "", "yes"):
+    for bad in ("2", "on", "", "yes"):
         with pytest.raises(ValueError, match="DEEPGEMM_SFA_ONCE"):
             _cfg(4096, 7168, 64, bad)
 
@@ -53,6 +53,24 @@ def test_rule():
     assert _cfg(4096, 128 * 257, 64).sfa_rows == 0  # more K blocks than one TMA box holds
     assert kernels.smem_bytes(True, 7168, 64, 32, 12, sfa_rows=64) == \
         kernels.smem_bytes(True, 7168, 64, 32, 12) - 12 * 256 + 64 * 56 * 4 + 16
+
+
+def test_auto():
+    """auto (the default): as "1", but never with split-K, below SFA_ONCE_MIN_KB K blocks, or where the ring would be
+    shallower than without."""
+    picked = 0
+    for m in (1, 17, 37, 64, 100, 128):
+        for n, k in NK + [(4096, 28672), (1024, 7168)]:
+            cfg, one, plain = _cfg(n, k, m, "auto"), _cfg(n, k, m, "1"), _cfg(n, k, m, "0")
+            if cfg.sfa_rows:
+                picked += 1
+                assert cfg == one and not cfg.splitk and k // 128 >= kernels.SFA_ONCE_MIN_KB
+                assert cfg.stages == plain.stages
+            else:
+                assert cfg == plain
+                assert not one.sfa_rows or one.splitk or k // 128 < kernels.SFA_ONCE_MIN_KB or one.stages < plain.stages
+    assert picked >= 8 and _cfg(4096, 7168, 64, "auto").sfa_rows == 64
+    assert _cfg(4096, 7168, 128, "auto").sfa_rows == 0 and _cfg(4096, 7168, 128, "1").sfa_rows == 128
 
 
 def test_source_and_forced_stages():
@@ -108,7 +126,7 @@ def _check(d, r):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nk", NK, ids=[f"n{n}k{k}" for n, k in NK])
-@pytest.mark.parametrize("m", [17, 37, 64, 100, 128])
+@pytest.mark.parametrize("m", [1, 5, 17, 37, 64, 100, 128])
 def test_sfa_once_dense(m, nk, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_SFA_ONCE", "1")
     d, r, cfg = _run(m, *nk, m + nk[0])

@@ -110,10 +110,15 @@ GEMV_MAX_M = 16
 GEMV_MAX_TMA_BN = 32
 GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
-# A's scales once per CTA (FP8 dense, M <= SMALL_M; DEEPGEMM_SFA_ONCE=0|1): one TMA box of all rows and K blocks
-# instead of a third box per stage, where the ring keeps at least min(its plain depth, SFA_ONCE_MIN_STAGES) stages.
-SFA_ONCE_DEFAULT = "0"
+# A's scales once per CTA (FP8 dense, M <= SMALL_M; DEEPGEMM_SFA_ONCE=0|1|auto): one TMA box of all rows and K
+# blocks instead of a third box per stage. "1": wherever the ring keeps at least min(its plain depth,
+# SFA_ONCE_MIN_STAGES) stages. "auto" (default): only without split-K, with >= SFA_ONCE_MIN_KB K blocks and the ring
+# as deep as without. H200, best of 3 (BENCHMARKS.md run 34): 64 x 4096 x 7168 1.07x, 64 x 4096 x 28672 (64 x 32)
+# 1.06x, 128 x 4096 x 7168 1.04x (two stages fewer, so not under auto), K = 2048 0.98-1.01x; but 0.92-0.96x under
+# split-K, where a CTA needs only its slice's scales, 0.93x at K = 512 and 0.95x where the ring lost two stages.
+SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
+SFA_ONCE_MIN_KB = 16
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -432,18 +437,20 @@ def parse_blocks(spec: str, fp8: bool) -> tuple[int, int]:
     return bm, bn
 
 
-def sfa_once(env: str, kind: str, fp8: bool, m: int, k: int, bm: int, bn: int, depth) -> tuple[int, int]:
-    """(sfa_rows, stages) under DEEPGEMM_SFA_ONCE=env: "1" loads A's scales once per CTA (sfa_rows = the rows of
-    A's M blocks) for FP8 dense GEMMs with M <= SMALL_M, BN <= 128 and <= 256 K blocks (one TMA box), where
-    depth(sfa_rows=...) keeps at least min(the plain depth, SFA_ONCE_MIN_STAGES); otherwise (0, the plain depth)."""
-    if env not in ("0", "1"):
-        raise ValueError(f"DEEPGEMM_SFA_ONCE: expected 0 or 1, got {env!r}")
-    plain = depth(sfa_rows=0)
+def sfa_once(env: str, kind: str, fp8: bool, m: int, k: int, bm: int, bn: int, depth, split: bool = False) -> int:
+    """sfa_rows under DEEPGEMM_SFA_ONCE=env (see SFA_ONCE_DEFAULT): the rows of A's M blocks where A's scales are
+    loaded once per CTA, else 0. Only FP8 dense GEMMs with M <= SMALL_M, BN <= 128 and <= 256 K blocks (one TMA
+    box); depth(sfa_rows=...) is the ring's depth with and without."""
+    if env not in ("0", "1", "auto"):
+        raise ValueError(f"DEEPGEMM_SFA_ONCE: expected 0, 1 or auto, got {env!r}")
+    kb = k // 128
+    if env == "0" or not fp8 or kind != "dense" or m > SMALL_M or bn > 128 or kb > 256:
+        return 0
+    if env == "auto" and (split or kb < SFA_ONCE_MIN_KB):
+        return 0
     rows = bm * ceil_div(m, bm)
-    if env == "0" or not fp8 or kind != "dense" or m > SMALL_M or bn > 128 or k // 128 > 256:
-        return 0, plain
-    once = depth(sfa_rows=rows)
-    return (rows, once) if once >= min(plain, SFA_ONCE_MIN_STAGES) else (0, plain)
+    plain, once = depth(sfa_rows=0), depth(sfa_rows=rows)
+    return rows if once >= (plain if env == "auto" else min(plain, SFA_ONCE_MIN_STAGES)) else 0
 
 
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:
@@ -522,8 +529,8 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
             if bn > 128:
                 raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
         ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
-        sfa_rows, _ = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
-                               functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit))
+        sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
+                            functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit), split=True)
         stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit,
                                                              sfa_rows=sfa_rows), ksplit)
         # multicast: pairs of N blocks (same M block and K slice) share A's boxes
@@ -543,8 +550,8 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     # masked only when forced (BENCHMARKS.md run 23: contiguous +4-6 %, masked 0.96-1.05x)
     grouped_ok = kind == "dense" or (m_hint >= bm and (kind == "contiguous" or tstore_env == "1"))
     tstore = int(want_tstore and epi == 1 and bn % 64 == 0 and grouped_ok)
-    sfa_rows, _ = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
-                           functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore))
+    sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
+                        functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore))
     stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit,
                                                          tstore=tstore, sfa_rows=sfa_rows), ksplit)
     if ksplit and not stages_ok_for_ksplit(stages):
