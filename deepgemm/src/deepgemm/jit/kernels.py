@@ -112,13 +112,14 @@ GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 # A's scales once per CTA (FP8 dense, M <= SMALL_M; DEEPGEMM_SFA_ONCE=0|1|auto): one TMA box of all rows and K
 # blocks instead of a third box per stage. "1": wherever the ring keeps at least min(its plain depth,
-# SFA_ONCE_MIN_STAGES) stages. "auto" (default): only without split-K, with >= SFA_ONCE_MIN_KB K blocks and the ring
-# as deep as without. H200, best of 3 (BENCHMARKS.md run 34): 64 x 4096 x 7168 1.07x, 64 x 4096 x 28672 (64 x 32)
-# 1.06x, 128 x 4096 x 7168 1.04x (two stages fewer, so not under auto), K = 2048 0.98-1.01x; but 0.92-0.96x under
-# split-K, where a CTA needs only its slice's scales, 0.93x at K = 512 and 0.95x where the ring lost two stages.
+# SFA_ONCE_MIN_STAGES) stages. "auto" (default): only on 64 x <= 64 tiles at M > 16 without split-K, with >=
+# SFA_ONCE_MIN_KB K blocks and the ring as deep as without. H200 (BENCHMARKS.md run 34, best of 3 and of 5): 64 x 4096 x 7168
+# 1.06-1.07x, 64 x 4096 x 28672 (64 x 32) 1.06x, 128 x 4096 x 7168 (two stages fewer, so "1" only) 1.04x; at
+# K = 2048 0.95-1.01x (0.95-0.98x at M = 1 and 16), under split-K 0.92-0.96x (a CTA needs only its slice's scales), at K = 512 0.93x, and 0.95x
+# where the ring lost two stages.
 SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
-SFA_ONCE_MIN_KB = 16
+SFA_ONCE_MIN_KB = 32
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -446,7 +447,7 @@ def sfa_once(env: str, kind: str, fp8: bool, m: int, k: int, bm: int, bn: int, d
     kb = k // 128
     if env == "0" or not fp8 or kind != "dense" or m > SMALL_M or bn > 128 or kb > 256:
         return 0
-    if env == "auto" and (split or kb < SFA_ONCE_MIN_KB):
+    if env == "auto" and (split or kb < SFA_ONCE_MIN_KB or bm != 64 or bn > 64 or m <= GEMV_MAX_M):
         return 0
     rows = bm * ceil_div(m, bm)
     plain, once = depth(sfa_rows=0), depth(sfa_rows=rows)
