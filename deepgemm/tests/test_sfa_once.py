@@ -41,7 +41,9 @@ def test_rule():
                 assert cfg.sfa_rows == cfg.bm * -(-m // cfg.bm) and cfg.sfa_rows >= m
                 assert cfg.stages >= min(plain.stages, kernels.SFA_ONCE_MIN_STAGES)
                 assert kernels.smem_bytes(True, k, cfg.bm, cfg.bn, cfg.stages, cfg.epi, cfg.ksplit,
-                                          sfa_rows=cfg.sfa_rows) <= kernels.SMEM_LIMIT
+                                          sfa_rows=cfg.sfa_rows, splitk=cfg.splitk) <= kernels.SMEM_LIMIT
+                units = -(-m // cfg.bm) * -(-n // cfg.bn) * cfg.splitk
+                assert not cfg.splitk or units <= 132
                 assert (cfg.bm, cfg.bn, cfg.splitk) == (plain.bm, plain.bn, plain.splitk)
             else:
                 assert cfg == plain
@@ -50,9 +52,13 @@ def test_rule():
     assert _cfg(4096, 7168, 4096).sfa_rows == 0 and _cfg(4096, 7168, 8).gemv
     assert _cfg(4096, 7168, 64, kind="masked").sfa_rows == 0
     assert _cfg(4096, 7168, 64, fp8=False).sfa_rows == 0
-    assert _cfg(4096, 128 * 257, 64).sfa_rows == 0  # more K blocks than one TMA box holds
+    assert _cfg(4096, 128 * 257, 64, split="0").sfa_rows == 0  # more K blocks than one TMA box holds
     assert kernels.smem_bytes(True, 7168, 64, 32, 12, sfa_rows=64) == \
         kernels.smem_bytes(True, 7168, 64, 32, 12) - 12 * 256 + 64 * 56 * 4 + 16
+    assert kernels.smem_bytes(True, 7168, 64, 64, 12, sfa_rows=64, splitk=3) == \
+        kernels.smem_bytes(True, 7168, 64, 64, 12) - 12 * 256 + 64 * 19 * 4 + 16  # a slice: at most 19 of 56
+    assert _cfg(2112, 7168, 64, split="4").sfa_rows == 64  # 33 N blocks x 4 slices = 132 units
+    assert _cfg(2120, 896, 64, split="5").sfa_rows == 0  # 67 x 5 units: some CTA would take two slices
 
 
 def test_auto():
@@ -135,21 +141,26 @@ def test_sfa_once_dense(m, nk, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,n,k,env,out,c_dtype", [
-    (37, 1000, 7168, {"DEEPGEMM_SPLIT_K": "3"}, torch.bfloat16, None),          # unaligned M and N, split-K
-    (64, 2120, 896, {"DEEPGEMM_SPLIT_K": "5"}, torch.float32, torch.float32),   # 7 K blocks in 5 slices, FP32 C
-    (128, 4096, 7168, {"DEEPGEMM_BLOCKS": "64x64"}, torch.float32, torch.bfloat16),  # two M blocks of 64
-    (100, 4096, 7168, {"DEEPGEMM_BLOCKS": "128x32", "DEEPGEMM_SPLIT_K": "0"}, torch.bfloat16, None),
-    (61, 7168, 2048, {"DEEPGEMM_MULTICAST": "1", "DEEPGEMM_SPLIT_K": "4"}, torch.bfloat16, None),  # A multicast
-    (64, 4096, 7168, {"DEEPGEMM_PIPE": "0", "DEEPGEMM_KSPLIT": "0"}, torch.float8_e4m3fn, None),
-    (64, 2112, 128 * 250, {"DEEPGEMM_BLOCKS": "64x32", "DEEPGEMM_SPLIT_K": "0"}, torch.bfloat16, None),  # 250 K blocks
+@pytest.mark.parametrize("m,n,k,env,out,c_dtype,once", [
+    (37, 1000, 7168, {"DEEPGEMM_SPLIT_K": "3"}, torch.bfloat16, None, True),  # unaligned M and N; slices of 18-19
+    (64, 2120, 896, {"DEEPGEMM_SPLIT_K": "5"}, torch.float32, torch.float32, False),  # 335 units: not on 132 SMs
+    (64, 2112, 7168, {"DEEPGEMM_SPLIT_K": "4"}, torch.float8_e4m3fn, None, True),  # 132 units, one per CTA
+    (100, 2112, 7168, {"DEEPGEMM_SPLIT_K": "3"}, torch.float32, torch.bfloat16, True),  # BM = 128, slices 18-19
+    (128, 4096, 7168, {"DEEPGEMM_BLOCKS": "64x64"}, torch.float32, torch.bfloat16, True),  # two M blocks of 64
+    (100, 4096, 7168, {"DEEPGEMM_BLOCKS": "128x32", "DEEPGEMM_SPLIT_K": "0"}, torch.bfloat16, None, True),
+    (64, 4096, 7168, {"DEEPGEMM_MULTICAST": "1", "DEEPGEMM_SPLIT_K": "4", "DEEPGEMM_BLOCKS": "64x128"},
+     torch.bfloat16, None, True),                                               # A multicast, split-K
+    (64, 4096, 7168, {"DEEPGEMM_PIPE": "0", "DEEPGEMM_KSPLIT": "0"}, torch.float8_e4m3fn, None, True),
+    (64, 2112, 128 * 250, {"DEEPGEMM_BLOCKS": "64x32", "DEEPGEMM_SPLIT_K": "0"}, torch.bfloat16, None, True),
 ])
-def test_sfa_once_edges(m, n, k, env, out, c_dtype, monkeypatch):
+def test_sfa_once_edges(m, n, k, env, out, c_dtype, once, monkeypatch):
     monkeypatch.setenv("DEEPGEMM_SFA_ONCE", "1")
     for key, val in env.items():
         monkeypatch.setenv(key, val)
     d, r, cfg = _run(m, n, k, n + m, out, c_dtype)
-    assert cfg.sfa_rows == cfg.bm * -(-m // cfg.bm)
+    assert cfg.sfa_rows == (cfg.bm * -(-m // cfg.bm) if once else 0)
+    if "DEEPGEMM_SPLIT_K" in env and env["DEEPGEMM_SPLIT_K"] != "0":
+        assert cfg.splitk == int(env["DEEPGEMM_SPLIT_K"])
     _check(d, r)
 
 

@@ -171,12 +171,12 @@ class Config:
 
 
 def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, ksplit: int = 0, swap: int = 0,
-               tstore: int = 0, sfa_rows: int = 0) -> int:
+               tstore: int = 0, sfa_rows: int = 0, splitk: int = 0) -> int:
     """Must equal SmemPlan<...>::kTotal in sm90_gemm.cuh (SwapPlan in sm90_gemm_swap.cuh for swap)."""
     if swap:
         return 1024 + stages * (bm * 128 + 64 * 128 + 128) + 16 * stages  # A's scales padded to 128 B
     sfa = bm * 4 if fp8 and not sfa_rows else 0
-    once = sfa_rows * (k // 128) * 4 + 16 if sfa_rows else 0  # the scales and their mbarrier
+    once = sfa_rows * sfa_blocks(k, splitk) * 4 + 16 if sfa_rows else 0  # the scales and their mbarrier
     ew = 64 if (fp8 and bn > 128) else bn  # FP8 BN = 256: staged epilogue in 64-column passes
     staging = (bm // 64) * 64 * (ew * 2 + 16) if epi else 0
     if tstore:  # one 8 KB swizzled 64 x 64 BF16 box per warpgroup and 64-column pass
@@ -186,13 +186,13 @@ def smem_bytes(fp8: bool, k: int, bm: int, bn: int, stages: int, epi: int = 0, k
 
 
 def max_stages(fp8: bool, k: int, bm: int, bn: int, cap: int = 12, epi: int = 0, ksplit: int = 0, swap: int = 0,
-               tstore: int = 0, sfa_rows: int = 0) -> int:
+               tstore: int = 0, sfa_rows: int = 0, splitk: int = 0) -> int:
     """Deepest pipeline that fits in shared memory (no deeper than the K blocks). With the K split
     the depth is even, so that every stage is always consumed by the same warpgroup (see
     stages_ok_for_ksplit)."""
     kb = k // (128 if fp8 else 64)
     s = cap
-    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap, tstore, sfa_rows) > SMEM_LIMIT:
+    while s > 1 and smem_bytes(fp8, k, bm, bn, s, epi, ksplit, swap, tstore, sfa_rows, splitk) > SMEM_LIMIT:
         s -= 1
     s = max(1, min(s, max(kb, 2)))
     if ksplit and s % 2:
@@ -438,16 +438,25 @@ def parse_blocks(spec: str, fp8: bool) -> tuple[int, int]:
     return bm, bn
 
 
-def sfa_once(env: str, kind: str, fp8: bool, m: int, k: int, bm: int, bn: int, depth, split: bool = False) -> int:
+def sfa_blocks(k: int, splitk: int) -> int:
+    """K blocks of A's scales loaded once per CTA: all, or under split-K a slice's (at most ceil(KB / S))."""
+    return ceil_div(k // 128, splitk) if splitk else k // 128
+
+
+def sfa_once(env: str, kind: str, fp8: bool, m: int, n: int, k: int, bm: int, bn: int, depth, splitk: int = 0,
+             num_sms: int = 0) -> int:
     """sfa_rows under DEEPGEMM_SFA_ONCE=env (see SFA_ONCE_DEFAULT): the rows of A's M blocks where A's scales are
-    loaded once per CTA, else 0. Only FP8 dense GEMMs with M <= SMALL_M, BN <= 128 and <= 256 K blocks (one TMA
-    box); depth(sfa_rows=...) is the ring's depth with and without."""
+    loaded once per CTA, else 0. Only FP8 dense GEMMs with M <= SMALL_M, BN <= 128 and <= 256 K blocks in the box;
+    under split-K only where no CTA gets a second unit (units <= the even part of num_sms: the box holds one slice);
+    depth(sfa_rows=...) is the ring's depth with and without."""
     if env not in ("0", "1", "auto"):
         raise ValueError(f"DEEPGEMM_SFA_ONCE: expected 0, 1 or auto, got {env!r}")
     kb = k // 128
-    if env == "0" or not fp8 or kind != "dense" or m > SMALL_M or bn > 128 or kb > 256:
+    if env == "0" or not fp8 or kind != "dense" or m > SMALL_M or bn > 128 or sfa_blocks(k, splitk) > 256:
         return 0
-    if env == "auto" and (split or kb < SFA_ONCE_MIN_KB or bm != 64 or bn > 64 or m <= GEMV_MAX_M):
+    if splitk and ceil_div(m, bm) * ceil_div(n, bn) * splitk > num_sms - num_sms % 2:
+        return 0
+    if env == "auto" and (splitk or kb < SFA_ONCE_MIN_KB or bm != 64 or bn > 64 or m <= GEMV_MAX_M):
         return 0
     rows = bm * ceil_div(m, bm)
     plain, once = depth(sfa_rows=0), depth(sfa_rows=rows)
@@ -530,10 +539,10 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
             if bn > 128:
                 raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
         ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
-        sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
-                            functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit), split=True)
+        sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, n, k, bm, bn,
+                            functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit, splitk=s), s, num_sms)
         stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit,
-                                                             sfa_rows=sfa_rows), ksplit)
+                                                             sfa_rows=sfa_rows, splitk=s), ksplit)
         # multicast: pairs of N blocks (same M block and K slice) share A's boxes
         mcast = 2 if split_mc and ceil_div(n, bn) % 2 == 0 else 0
         # PIPE: each consumer warpgroup's K blocks in pairs, two in flight
@@ -551,7 +560,7 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     # masked only when forced (BENCHMARKS.md run 23: contiguous +4-6 %, masked 0.96-1.05x)
     grouped_ok = kind == "dense" or (m_hint >= bm and (kind == "contiguous" or tstore_env == "1"))
     tstore = int(want_tstore and epi == 1 and bn % 64 == 0 and grouped_ok)
-    sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, k, bm, bn,
+    sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, n, k, bm, bn,
                         functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore))
     stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit,
                                                          tstore=tstore, sfa_rows=sfa_rows), ksplit)
@@ -713,7 +722,7 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
                 smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks)
             else:
                 smem = smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit, eff.swap, eff.tstore,
-                                  eff.sfa_rows)
+                                  eff.sfa_rows, eff.splitk)
             kern = runtime.Kernel(cubin, "deepgemm_kernel", smem)
             hit = _kernels[cfg] = (kern, eff)
     return hit
@@ -753,7 +762,7 @@ def _launch(cfg: Config, a, sfa, b, sfb, d, c, grouped, m_sched: int, num_groups
     # multicast: each CTA of a cluster loads one half of the B tile into both
     box_b = cfg.bn // 2 if cfg.mcast == 1 else cfg.bn
     tma_b = runtime.tensor_map_2d(b.data_ptr(), dt, k, rows_b, k * esize, kel, box_b, runtime.SWIZZLE_128B)
-    tma_sfa = sfa_tensor_map(sfa, sfa_box, k // 128 if cfg.sfa_rows else 1) if cfg.fp8 else _NULL_DESC
+    tma_sfa = sfa_tensor_map(sfa, sfa_box, sfa_blocks(k, cfg.splitk) if cfg.sfa_rows else 1) if cfg.fp8 else _NULL_DESC
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa,
             vp(sfb.data_ptr() if sfb is not None else 0), vp(d.data_ptr()),

@@ -273,11 +273,12 @@ struct Scheduler {
 };
 
 // ---- shared-memory plan (the host computes the same total in deepgemm/jit/kernels.py) --------
-template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT, int TSTORE = 0, int SFA_ROWS = 0>
+template <bool FP8, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT, int TSTORE = 0, int SFA_ROWS = 0,
+          int SFA_KB = 0>
 struct SmemPlan {
   static constexpr int kABytes = BM * 128, kBBytes = BN * 128, kSFABytes = FP8 && !SFA_ROWS ? BM * 4 : 0;
-  // SFA_ROWS: A's scales of rows [0, SFA_ROWS) for every K block, loaded once, and their mbarrier
-  static constexpr int kSFAOnceBytes = SFA_ROWS ? SFA_ROWS * (K / 128) * 4 + 16 : 0;
+  // SFA_ROWS: A's scales of rows [0, SFA_ROWS) in SFA_KB K blocks, loaded once, and their mbarrier
+  static constexpr int kSFAOnceBytes = SFA_ROWS ? SFA_ROWS * SFA_KB * 4 + 16 : 0;
   // staged BF16 epilogue: padded rows (conflict-free writes), kEW columns per pass (FP8 BN = 256: four
   // 64-column passes, so that the staging fits beside 4 pipeline stages)
   static constexpr int kEW = (FP8 && BN > 128) ? 64 : BN;
@@ -326,10 +327,11 @@ struct SmemPlan {
 // counter to 0 (CUDA graph replays need no memset), fences again (acquire), and its threads sum the S
 // partials from L2 in slice order 0..S-1 (deterministic: not in arrival order), then run the direct
 // epilogue (C added, output type converted) on the sum. Other units write nothing to D.
-// SFA_ROWS > 0 (FP8 dense, M <= SFA_ROWS; DEEPGEMM_SFA_ONCE): A's scales of every row and K block come in one TMA
-// box (sfa_box rows x K / 128 blocks, tensor map boxed so) on an mbarrier of their own before the first tile,
-// instead of a third box in every stage: at small M every tile of the CTA has the same rows of A, and a stage's
-// third box cost the load stream ~12 % (BENCHMARKS.md run 33).
+// SFA_ROWS > 0 (FP8 dense, M <= SFA_ROWS; DEEPGEMM_SFA_ONCE): A's scales of every row come in one TMA box on an
+// mbarrier of their own with the CTA's first tile, instead of a third box in every stage: at small M every tile of
+// the CTA has the same rows of A, and a stage's third box cost the load stream ~12 % (BENCHMARKS.md run 33). The box
+// (sfa_box rows x SFA_KB blocks, the tensor map boxed so) holds every K block, or with SPLITK the first unit's slice
+// (SFA_KB = ceil(KB / S)): the host then gives no CTA a second unit.
 template <int KIND, bool FP8, int OUT, int CT, int N, int K, int BM, int BN, int STAGES, int EPI, int KSPLIT,
           int PIPE = 0, int MCAST = 0, int TSTORE = 0, int RS = 0, int SPLITK = 0, int SFA_ROWS = 0>
 __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
@@ -350,8 +352,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   constexpr int KB = K / KEL;
   constexpr int SF_KB = K / 128, SFB_NB = (N + 127) / 128;
   constexpr int NB = (N + BN - 1) / BN;
-  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT, TSTORE, SFA_ROWS>;
-  static_assert(!SFA_ROWS || (FP8 && KIND == kDense && SFA_ROWS % 4 == 0 && SFA_ROWS <= 256 && K / 128 <= 256),
+  constexpr int SFA_KB = SPLITK ? (SF_KB + SPLITK - 1) / SPLITK : SF_KB;
+  using Plan = SmemPlan<FP8, K, BM, BN, STAGES, EPI, KSPLIT, TSTORE, SFA_ROWS, SFA_KB>;
+  static_assert(!SFA_ROWS || (FP8 && KIND == kDense && SFA_ROWS % 4 == 0 && SFA_ROWS <= 256 && SFA_KB <= 256),
                 "SFA_ROWS: FP8 dense, a multiple of 4 rows, <= 256 rows and K blocks (one TMA box)");
   static_assert(!TSTORE || (OUT == kOutBF16 && EPI == 1 && BN % 64 == 0),
                 "TSTORE: BF16 output, staged epilogue, BN a multiple of 64");
@@ -420,10 +423,6 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       Scheduler<KIND, BM, NU_ALL, MCAST> sched(M, num_groups, grouped);
       int m_blk, n_blk, g;
       u32 it = 0;
-      if constexpr (SFA_ROWS > 0) {
-        mbar_expect_tx(sfa_bar, sfa_box * SF_KB * 4);
-        tma_load_2d(sSFA, &tma_sfa, sfa_bar, 0, 0);
-      }
       while (sched.next(m_blk, n_blk, g)) {
         int kb_lo = 0, kb_hi = KB;  // SPLITK: this unit's slice of the K blocks
         if constexpr (SPLITK) {
@@ -435,6 +434,12 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         const int a_row = (KIND == kMasked ? g * M : 0) + m_blk * BM;
         const int b_row = (KIND == kDense ? 0 : g * N) + n_blk * BN;
         const int sf_y0 = KIND == kMasked ? g * SF_KB : 0;
+        if (SFA_ROWS > 0 && it == 0) {  // the first unit
+          mbar_expect_tx(sfa_bar, sfa_box * SFA_KB * 4);
+          tma_load_2d(sSFA, &tma_sfa, sfa_bar, 0, kb_lo);
+        } else if (SFA_ROWS > 0 && SPLITK > 0) {
+          __trap();  // a second unit: its slice's scales are not in the box (the host never launches so)
+        }
         for (int kb = kb_lo; kb < kb_hi; ++kb, ++it) {
           const u32 s = it % STAGES, ph = (it / STAGES) & 1;
           const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
@@ -466,9 +471,8 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   const int wrow = KSPLIT ? 0 : wg, kw = KSPLIT ? wg : 0;
   const int wwarp = warp % 4;
   const int r_in_wg = wwarp * 16 + lane / 4;  // this thread's rows: r_in_wg and r_in_wg + 8
-  if constexpr (SFA_ROWS > 0) mbar_wait(sfa_bar, 0);
-  // A's scales of this thread's two rows in K block kb (stage s): SFA_ROWS: [K block][sfa_box] (rows past the box,
-  // never stored, read its last row)
+  // A's scales of this thread's two rows in K block kb (stage s): SFA_ROWS: [kb - the unit's first][sfa_box], the
+  // caller passing kb so (rows past the box, never stored, read its last row)
   auto a_scales = [&](int kb, u32 s, int m_blk_, float& sa0, float& sa1) {
     if constexpr (SFA_ROWS > 0) {
       const int r0 = m_blk_ * BM + wrow * 64 + r_in_wg, last = sfa_box - 1;
@@ -490,6 +494,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   };
   int slice = 0;
   if constexpr (SPLITK) unit_split(n_blk, slice);
+  if (SFA_ROWS > 0 && have) mbar_wait(sfa_bar, 0);
   // B's scales: a tile's columns [n0, n0 + BN) span scale blocks n0/128 and (maybe) n0/128 + 1;
   // they are read from global memory one K block ahead (the next tile's first during the last).
   const float* sfb_row0 = sfb;
@@ -673,7 +678,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
         mbar_wait(bars + 8 * s, ph);
         const u32 a_addr = sA + s * A_BYTES + wrow * 64 * 128, b_addr = sB + s * B_BYTES;
         float sa0, sa1;
-        a_scales(kb, s, m_blk, sa0, sa1);
+        a_scales(SFA_ROWS ? j : kb, s, m_blk, sa0, sa1);
         sc[0] = sa0 * sb0; sc[1] = sa1 * sb0; sc[2] = sa0 * sb1; sc[3] = sa1 * sb1;
         fence_regs(t);
         wgmma_fence();
