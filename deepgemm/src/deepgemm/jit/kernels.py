@@ -111,12 +111,11 @@ GEMV_MAX_TMA_BN = 32
 GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 # A's scales once per CTA (FP8 dense, M <= SMALL_M; DEEPGEMM_SFA_ONCE=0|1|auto): one TMA box of all rows and K
-# blocks instead of a third box per stage. "1": wherever the ring keeps at least min(its plain depth,
-# SFA_ONCE_MIN_STAGES) stages. "auto" (default): only on 64 x <= 64 tiles at M > 16 without split-K, with >=
-# SFA_ONCE_MIN_KB K blocks and the ring as deep as without. H200 (BENCHMARKS.md run 34, best of 3 and of 5): 64 x 4096 x 7168
-# 1.06-1.07x, 64 x 4096 x 28672 (64 x 32) 1.06x, 128 x 4096 x 7168 (two stages fewer, so "1" only) 1.04x; at
-# K = 2048 0.95-1.01x (0.95-0.98x at M = 1 and 16), under split-K 0.92-0.96x (a CTA needs only its slice's scales), at K = 512 0.93x, and 0.95x
-# where the ring lost two stages.
+# blocks (under split-K: the CTA's slice) instead of a third box per stage. "1": wherever the ring keeps at least
+# min(its plain depth, SFA_ONCE_MIN_STAGES) stages. "auto" (default): the same, but only at M > 16 without split-K
+# and with >= SFA_ONCE_MIN_KB K blocks. H200 (BENCHMARKS.md run 34f, best of 4): 64 x 4096 x 7168 1.06x,
+# 128 x 4096 x 7168 1.05x, 64 x 7168 x 16384 1.03x, 64 x 4096 x 28672 (64 x 32) 1.08x; elsewhere 0.98-1.01x
+# (split-K, K <= 2048) but 0.94x at 128 x 32768 x 512.
 SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
 SFA_ONCE_MIN_KB = 32
@@ -456,11 +455,10 @@ def sfa_once(env: str, kind: str, fp8: bool, m: int, n: int, k: int, bm: int, bn
         return 0
     if splitk and ceil_div(m, bm) * ceil_div(n, bn) * splitk > num_sms - num_sms % 2:
         return 0
-    if env == "auto" and (splitk or kb < SFA_ONCE_MIN_KB or bm != 64 or bn > 64 or m <= GEMV_MAX_M):
+    if env == "auto" and (splitk or kb < SFA_ONCE_MIN_KB or m <= GEMV_MAX_M):
         return 0
     rows = bm * ceil_div(m, bm)
-    plain, once = depth(sfa_rows=0), depth(sfa_rows=rows)
-    return rows if once >= (plain if env == "auto" else min(plain, SFA_ONCE_MIN_STAGES)) else 0
+    return rows if depth(sfa_rows=rows) >= min(depth(sfa_rows=0), SFA_ONCE_MIN_STAGES) else 0
 
 
 def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint: int, groups: int) -> Config:

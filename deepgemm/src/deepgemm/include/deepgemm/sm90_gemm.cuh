@@ -494,7 +494,6 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
   };
   int slice = 0;
   if constexpr (SPLITK) unit_split(n_blk, slice);
-  if (SFA_ROWS > 0 && have) mbar_wait(sfa_bar, 0);
   // B's scales: a tile's columns [n0, n0 + BN) span scale blocks n0/128 and (maybe) n0/128 + 1;
   // they are read from global memory one K block ahead (the next tile's first during the last).
   const float* sfb_row0 = sfb;
@@ -518,6 +517,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     if constexpr (SPLITK)
       load_run(sfb_row0, sfb_step, slice * KB / SPLITK, (slice + 1) * KB / SPLITK, 0, run0_b0, run0_b1);
   }
+  // after B's first scales are requested, so that their latency and the box's overlap (waiting first cost short
+  // GEMMs ~1 us: BENCHMARKS.md run 34e)
+  if (SFA_ROWS > 0 && have) mbar_wait(sfa_bar, 0);
   u32 it = 0;
   while (have) {
     int nm_blk = 0, nn_blk = 0, ng = 0;
