@@ -78,25 +78,6 @@ def test_auto():
     assert _cfg(4096, 7168, 128, "auto").sfa_rows == 128 and _cfg(2112, 7168, 64, "auto").sfa_rows == 0  # split-K
 
 
-def test_gemv():
-    """The small-M kernel (M <= 16) loads A's scales once per warp under "1" only, where its ring keeps its depth."""
-    for m in (1, 8, 13, 16):
-        for n, k in NK + [(2112, 128), (4096, 384)]:
-            one = kernels._make_config("dense", True, torch.bfloat16, None, n, k, m, 1, 132, "staged", "1",
-                                       gemv_env="1", sfa_once_env="1")
-            for env in ("0", "auto"):
-                plain = kernels._make_config("dense", True, torch.bfloat16, None, n, k, m, 1, 132, "staged", "1",
-                                             gemv_env="1", sfa_once_env=env)
-                assert plain.gemv and plain.sfa_rows == 0
-            assert one.gemv and one.stages == plain.stages and one.sfa_rows in (0, 8 * one.gemv)
-            if one.sfa_rows:
-                assert kernels.gemv_smem(one.gemv, one.stages, k, one.gemv_ks, 1) <= kernels.GEMV_SMEM_LIMIT
-                assert f"{one.stages}, 1>(" in kernels.kernel_source(one)
-            else:
-                assert kernels.kernel_source(one) == kernels.kernel_source(plain)
-    assert kernels.gemv_smem(1, 4, 7168, 8, 1) == kernels.gemv_smem(1, 4, 7168, 8) - 32 * 128 + 8 * (256 + 8)
-
-
 def test_source_and_forced_stages():
     cfg = _cfg(4096, 7168, 64)
     assert kernels.kernel_source(cfg).count(f", {cfg.sfa_rows}>(tma_a") == 1
@@ -178,20 +159,6 @@ def test_sfa_once_edges(m, n, k, env, out, c_dtype, once, monkeypatch):
     assert cfg.sfa_rows == (cfg.bm * -(-m // cfg.bm) if once else 0)
     if "DEEPGEMM_SPLIT_K" in env and env["DEEPGEMM_SPLIT_K"] != "0":
         assert cfg.splitk == int(env["DEEPGEMM_SPLIT_K"])
-    _check(d, r)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("nk", [(2112, 7168), (4096, 7168), (7168, 2048), (24576, 1536), (2112, 128), (1000, 896)],
-                         ids=lambda nk: f"n{nk[0]}k{nk[1]}")
-@pytest.mark.parametrize("m", [1, 5, 13, 16])
-def test_sfa_once_gemv(m, nk, monkeypatch):
-    """The small-M kernel with A's scales once per warp (every K-slice count the shapes pick; slices that end past K
-    zero-filled), against the reference."""
-    monkeypatch.setenv("DEEPGEMM_SFA_ONCE", "1")
-    monkeypatch.setenv("DEEPGEMM_GEMV", "1")
-    d, r, cfg = _run(m, *nk, 3 * m + nk[1])
-    assert cfg.gemv and cfg.sfa_rows == 8 * cfg.gemv
     _check(d, r)
 
 

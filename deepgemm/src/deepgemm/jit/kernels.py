@@ -367,18 +367,16 @@ def gemv_slices(n: int, k: int, num_sms: int, ks_env: str = "") -> int:
     return min(cost, key=lambda s: (cost[s], -s))
 
 
-def gemv_smem(mt: int, stages: int, k: int, ks: int, sfa1: int = 0) -> int:
-    """Must equal GemvPlan<MT, STAGES, KPW, SFA1>::kTotal in sm90_gemv.cuh."""
+def gemv_smem(mt: int, stages: int, k: int, ks: int) -> int:
+    """Must equal GemvPlan<MT, STAGES, KPW>::kTotal in sm90_gemv.cuh."""
     ring, kpw = GEMV_WARPS * stages, ceil_div(k // 128, ks)
-    once = GEMV_WARPS * (ceil_div(kpw * 8 * mt * 4, 128) * 128 + 8) if sfa1 else 0  # A's scales and a barrier
-    return (1024 + ring * (2048 + 1024 * mt + (0 if sfa1 else 128)) + once + GEMV_WARPS * (ceil_div(kpw * 4, 8) * 8)
-            + ring * 8)
+    return 1024 + ring * (2048 + 1024 * mt + 128) + GEMV_WARPS * (ceil_div(kpw * 4, 8) * 8) + ring * 8
 
 
-def gemv_stages(mt: int, k: int, ks: int, sfa1: int = 0) -> int:
+def gemv_stages(mt: int, k: int, ks: int) -> int:
     """Each warp's ring: as deep as GEMV_SMEM_LIMIT allows, no deeper than its K blocks."""
     s = min(16, ceil_div(k // 128, ks))
-    while s > 1 and gemv_smem(mt, s, k, ks, sfa1) > GEMV_SMEM_LIMIT:
+    while s > 1 and gemv_smem(mt, s, k, ks) > GEMV_SMEM_LIMIT:
         s -= 1
     return s
 
@@ -502,11 +500,8 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
             and m_hint <= GEMV_MAX_M:
         mt = 1 if m_hint <= 8 else 2
         ks = gemv_slices(n, k, num_sms, gemv_ks_env)
-        stages = gemv_stages(mt, k, ks)
-        # A's scales once per warp (SFA_ONCE=1 only: not yet measured), where the ring keeps its depth
-        sfa1 = int(sfa_once_env == "1" and ceil_div(k // 128, ks) <= 256 and gemv_stages(mt, k, ks, 1) == stages)
         cfg = Config(KINDS[kind], fp8, OUT_CODE[d_dtype], C_CODE[c_dtype], n, k, 8 * mt, 16,
-                     stages, gemv=mt, gemv_ks=ks, sfa_rows=8 * mt * sfa1)
+                     gemv_stages(mt, k, ks), gemv=mt, gemv_ks=ks)
     if pdl_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
     return replace(cfg, pdl=int(pdl_env))
@@ -650,8 +645,7 @@ def gemv_source(cfg: Config) -> str:
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, {GEMV_CTAS_PER_SM}) deepgemm_kernel(\n'
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c, int M) {\n"
-        f"  dg::gemv_body<{cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.gemv}, {cfg.gemv_ks}, {cfg.stages}"
-        + (", 1" if cfg.sfa_rows else "") + ">(\n"
+        f"  dg::gemv_body<{cfg.out}, {cfg.ct}, {cfg.n}, {cfg.k}, {cfg.gemv}, {cfg.gemv_ks}, {cfg.stages}>(\n"
         "      tma_a, tma_b, tma_sfa, sfb, d, c, M);\n"
         "}\n"
     )
@@ -723,7 +717,7 @@ def get_kernel(cfg: Config) -> tuple[runtime.Kernel, Config]:
                     eff = replace(eff, **{field: 0})
                     cubin, rec = _build(eff)
             if eff.gemv:
-                smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks, int(eff.sfa_rows > 0))
+                smem = gemv_smem(eff.gemv, eff.stages, eff.k, eff.gemv_ks)
             else:
                 smem = smem_bytes(eff.fp8, eff.k, eff.bm, eff.bn, eff.stages, eff.epi, eff.ksplit, eff.swap, eff.tstore,
                                   eff.sfa_rows, eff.splitk)
@@ -831,8 +825,7 @@ def _launch_gemv(cfg: Config, a, sfa, b, sfb, d, c, m: int) -> None:
     k, n, rows_a = cfg.k, cfg.n, 8 * cfg.gemv
     tma_a = runtime.tensor_map_2d(a.data_ptr(), runtime.DT_UINT8, k, m, k, 128, rows_a, runtime.SWIZZLE_128B)
     tma_b = runtime.tensor_map_2d(b.data_ptr(), runtime.DT_UINT8, k, n, k, 128, 16, runtime.SWIZZLE_128B)
-    # the kernel's transaction count assumes this box: M rounded up to 4 rows, one K block (SFA1: a slice's)
-    tma_sfa = sfa_tensor_map(sfa, ceil_div(m, 4) * 4, ceil_div(k // 128, cfg.gemv_ks) if cfg.sfa_rows else 1)
+    tma_sfa = sfa_tensor_map(sfa, ceil_div(m, 4) * 4)  # the kernel's transaction count assumes this box
     grid = ceil_div(ceil_div(n, 16) * cfg.gemv_ks, GEMV_WARPS)
     vp = ctypes.c_void_p
     args = [tma_a, tma_b, tma_sfa, vp(sfb.data_ptr()), vp(d.data_ptr()), vp(c.data_ptr() if c is not None else 0),

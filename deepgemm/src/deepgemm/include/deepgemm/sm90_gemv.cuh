@@ -7,7 +7,7 @@
 // STAGES shared-memory stages of its own, which its lane 0 fills by TMA (B's 16 x 128 B box, A's box of 8 * MT
 // rows, A's scales; 128-byte swizzle, zero fill past N and M) and refills as soon as the warp has read a stage:
 // about 8 x STAGES x 2 KB of B per SM in flight. B's scales for the warp's slice are read into shared memory
-// once; with SFA1 (DEEPGEMM_SFA_ONCE) A's are too, by one TMA box per warp, instead of a third box per stage. The slices of a row group are summed in shared memory, in slice order (deterministic); slice 0 writes
+// once. The slices of a row group are summed in shared memory, in slice order (deterministic); slice 0 writes
 // the tile.
 //
 // The order of k inside a 128-wide K block is free as long as both operands use the same one. Thread
@@ -32,21 +32,18 @@ __device__ __forceinline__ void mma_e4m3_m16n8k32(float (&d)[4], const u32 (&a)[
 constexpr int kGemvWarps = 8;
 
 // shared memory: per warp and stage a B box (16 x 128 B), an A box (8 * MT x 128 B) and A's scales (<= 16
-// floats in 128 B; SFA1: per warp instead its slice's A scales, KPW x 8 * MT floats, loaded once); per warp its
-// slice's B scales; per warp and stage a full barrier (SFA1: and per warp one for its A scales)
-template <int MT, int STAGES, int KPW, int SFA1 = 0>
+// floats in 128 B); per warp its slice's B scales; per warp and stage a full barrier
+template <int MT, int STAGES, int KPW>
 struct GemvPlan {
-  static constexpr int kB = 16 * 128, kA = 8 * MT * 128, kSFA = SFA1 ? 0 : 128;  // TMA destinations: 128-byte aligned
-  static constexpr int kSFAWarp = SFA1 ? (KPW * 8 * MT * 4 + 127) / 128 * 128 : 0;
+  static constexpr int kB = 16 * 128, kA = 8 * MT * 128, kSFA = 128;  // a TMA destination: 128-byte aligned
   static constexpr int kRing = kGemvWarps * STAGES;
-  static constexpr int kOffA = kRing * kB, kOffSFA = kOffA + kRing * kA;
-  static constexpr int kOffSFB = kOffSFA + kRing * kSFA + kGemvWarps * kSFAWarp;
+  static constexpr int kOffA = kRing * kB, kOffSFA = kOffA + kRing * kA, kOffSFB = kOffSFA + kRing * kSFA;
   static constexpr int kOffBar = kOffSFB + kGemvWarps * ((KPW * 4 + 7) / 8 * 8);
-  static constexpr int kTotal = 1024 + kOffBar + (kRing + (SFA1 ? kGemvWarps : 0)) * 8;
+  static constexpr int kTotal = 1024 + kOffBar + kRing * 8;
   static_assert(kRing * kB >= kGemvWarps * 4 * MT * 32 * 4, "the slices' reduction fits in the B ring");
 };
 
-template <int OUT, int CT, int N, int K, int MT, int KS, int STAGES, int SFA1 = 0>
+template <int OUT, int CT, int N, int K, int MT, int KS, int STAGES>
 __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& tma_b, const TmaDesc& tma_sfa,
                                           const float* __restrict__ sfb, void* __restrict__ d_ptr,
                                           const void* __restrict__ c_ptr, int M) {
@@ -55,7 +52,7 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   static_assert(KS == 1 || KS == 2 || KS == 4 || KS == 8, "KS");
   constexpr int KB = K / 128, RG = kGemvWarps / KS, KPW = (KB + KS - 1) / KS;
   static_assert(KS <= KB, "more K slices than K blocks");
-  using Plan = GemvPlan<MT, STAGES, KPW, SFA1>;
+  using Plan = GemvPlan<MT, STAGES, KPW>;
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   u32 base = smem_addr(smem_raw);
@@ -68,16 +65,12 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   const int kb_lo = slice * KB / KS, nblk = (slice + 1) * KB / KS - kb_lo;
   const int ring = warp * STAGES;  // this warp's first stage
   const u32 bars = base + Plan::kOffBar + 8 * ring;
-  // SFA1 (DEEPGEMM_SFA_ONCE): the warp's slice of A's scales, [K block][mal] (KPW blocks; past K: zero fill)
-  const u32 sfa_bar = base + Plan::kOffBar + 8 * (Plan::kRing + warp), sfa_once = base + Plan::kOffSFA + warp * Plan::kSFAWarp;
-  const int mal = (M + 3) / 4 * 4;
   float* sfb_s = reinterpret_cast<float*>(smem + Plan::kOffSFB) + warp * ((KPW + 1) / 2 * 2);
   if (threadIdx.x == 0) require_dynamic_smem(Plan::kTotal);
   const bool active = n0 < N;
   if (active && lane == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) mbar_init(bars + 8 * s, 1);
-    if constexpr (SFA1 != 0) mbar_init(sfa_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     fence_proxy_async();
   }
@@ -85,14 +78,14 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   grid_dep_wait();  // DEEPGEMM_PDL (sm90_gemm.cuh)
   __syncwarp();
 
-  const u32 tx = Plan::kB + Plan::kA + (SFA1 ? 0 : mal * 4);  // A's box: 8 * MT rows; its scales' box: M rounded up to 4
+  const u32 tx = Plan::kB + Plan::kA + (M + 3) / 4 * 16;  // A's box: 8 * MT rows; its scales' box: M rounded up to 4
   auto fill = [&](int i) {  // lane 0: block kb_lo + i into stage i % STAGES
     const int s = i % STAGES, kb = kb_lo + i;
     const u32 full = bars + 8 * s;
     mbar_expect_tx(full, tx);
     tma_load_2d(base + (ring + s) * Plan::kB, &tma_b, full, kb * 128, n0);
     tma_load_2d(base + Plan::kOffA + (ring + s) * Plan::kA, &tma_a, full, kb * 128, 0);
-    if constexpr (SFA1 == 0) tma_load_2d(base + Plan::kOffSFA + (ring + s) * Plan::kSFA, &tma_sfa, full, 0, kb);
+    tma_load_2d(base + Plan::kOffSFA + (ring + s) * Plan::kSFA, &tma_sfa, full, 0, kb);
   };
   float acc[MT][4];
 #pragma unroll
@@ -101,24 +94,17 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
 
   if (active) {
-    if (lane == 0) {
-      if constexpr (SFA1 != 0) {
-        mbar_expect_tx(sfa_bar, mal * KPW * 4);
-        tma_load_2d(sfa_once, &tma_sfa, sfa_bar, 0, kb_lo);
-      }
+    if (lane == 0)
       for (int i = 0; i < STAGES && i < nblk; ++i) fill(i);
-    }
     for (int i = lane; i < nblk; i += 32) sfb_s[i] = sfb[(n0 / 128) * KB + kb_lo + i];
     __syncwarp();
-    if constexpr (SFA1 != 0) mbar_wait(sfa_bar, 0);
     const int c0 = (2 * t) ^ (g & 7), c1 = (2 * t + 1) ^ (g & 7);  // swizzled chunks 2t, 2t + 1 of rows g, g + 8
     for (int i = 0; i < nblk; ++i) {
       const int s = i % STAGES;
       mbar_wait(bars + 8 * s, (i / STAGES) & 1);
       const unsigned char* sb_ = smem + (ring + s) * Plan::kB;
       const unsigned char* sa_ = smem + Plan::kOffA + (ring + s) * Plan::kA;
-      const float* sf_ = reinterpret_cast<const float*>(
-          smem + Plan::kOffSFA + (SFA1 ? warp * Plan::kSFAWarp + i * mal * 4 : (ring + s) * Plan::kSFA));
+      const float* sf_ = reinterpret_cast<const float*>(smem + Plan::kOffSFA + (ring + s) * Plan::kSFA);
       u32 wb[2][8], wa[MT][8];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows g and g + 8 of B
