@@ -143,23 +143,30 @@ def b_operand8(tile, nr):
     return np.array([[byte(n, kk, k) for kk in range(16) for k in range(32)] for n in range(nr)])
 
 
+def s_fragment_keys():
+    """(key, cq) for each of a thread's two rows of S^T's A fragments: warp w4, lane (gq, cq) holds keys 16 w4 + gq
+    and 16 w4 + gq + 8."""
+    for t in range(128):
+        w4, lane = t >> 5, t & 31
+        gq, cq = lane >> 2, lane & 3
+        yield 16 * w4 + gq, cq
+        yield 16 * w4 + gq + 8, cq
+
+
 def k_fragments8(raw):
     """FLASHMLA_FP8_Q=1: e4m3 A fragments of S^T's NoPE part (m64nNRk32) -> logical A [64 keys][16 x 32]: bytes
     [32cq + 16hf, +16) of a key's tile tl are k-steps 4tl + 2hf + p, word 2p at k = 4cq.., word 2p + 1 at 16 + 4cq.."""
     a = np.full((64, 512), np.nan)
-    for t in range(128):
-        w4, lane = t >> 5, t & 31
-        gq, cq = lane >> 2, lane & 3
-        for key in (16 * w4 + gq, 16 * w4 + gq + 8):
-            for tl in range(4):
-                for hf in range(2):
-                    b = raw[key, 128 * tl + 32 * cq + 16 * hf:][:16]
-                    for p in range(2):
-                        kk = 4 * tl + 2 * hf + p
-                        for j in range(4):
-                            for k, byte in ((4 * cq + j, b[8 * p + j]), (16 + 4 * cq + j, b[8 * p + 4 + j])):
-                                assert np.isnan(a[key, 32 * kk + k]), "K8 fragment element written twice"
-                                a[key, 32 * kk + k] = E4M3[byte]
+    for key, cq in s_fragment_keys():
+        for tl in range(4):
+            for hf in range(2):
+                b = raw[key, 128 * tl + 32 * cq + 16 * hf:][:16]
+                for p in range(2):
+                    kk = 4 * tl + 2 * hf + p
+                    for j in range(4):
+                        for k, byte in ((4 * cq + j, b[8 * p + j]), (16 + 4 * cq + j, b[8 * p + 4 + j])):
+                            assert np.isnan(a[key, 32 * kk + k]), "K8 fragment element written twice"
+                            a[key, 32 * kk + k] = E4M3[byte]
     return a
 
 
@@ -179,25 +186,22 @@ def k_fragments(raw, mut):
         assert not seen[key, kcol], "K fragment element written twice"
         seen[key, kcol] = True
         a[key, kcol] = v
-    for t in range(128):
-        w4, lane = t >> 5, t & 31
-        gq, cq = lane >> 2, lane & 3
-        for key in (16 * w4 + gq, 16 * w4 + gq + 8):
-            for tl in range(4):
-                for hf in range(2):
-                    for q in range(4):
-                        off = 128 * tl + 32 * cq + 16 * hf + 4 * q
-                        kk = 8 * tl + 4 * hf + q
-                        b = raw[key, off:off + 4]
-                        for e in range(2):
-                            put(key, 16 * kk + 2 * cq + e, E4M3[b[e]])
-                            put(key, 16 * kk + 2 * cq + 8 + e, E4M3[b[2 + e]])
-            for hf in range(2):  # RoPE words 2j (k 2c, 2c + 1) and 2j + 1 (k 2c + 8, 2c + 9) of k-step 32 + j
-                for i in range(4):
-                    j, word = 2 * hf + i // 2, i % 2
-                    r0 = 16 * cq + 8 * hf + 4 * (i // 2) + 2 * word  # the two RoPE columns of this word
+    for key, cq in s_fragment_keys():
+        for tl in range(4):
+            for hf in range(2):
+                for q in range(4):
+                    off = 128 * tl + 32 * cq + 16 * hf + 4 * q
+                    kk = 8 * tl + 4 * hf + q
+                    b = raw[key, off:off + 4]
                     for e in range(2):
-                        put(key, 16 * (32 + j) + 2 * cq + 8 * word + e, rope[key, r0 + e])
+                        put(key, 16 * kk + 2 * cq + e, E4M3[b[e]])
+                        put(key, 16 * kk + 2 * cq + 8 + e, E4M3[b[2 + e]])
+        for hf in range(2):  # RoPE words 2j (k 2c, 2c + 1) and 2j + 1 (k 2c + 8, 2c + 9) of k-step 32 + j
+            for i in range(4):
+                j, word = 2 * hf + i // 2, i % 2
+                r0 = 16 * cq + 8 * hf + 4 * (i // 2) + 2 * word  # the two RoPE columns of this word
+                for e in range(2):
+                    put(key, 16 * (32 + j) + 2 * cq + 8 * word + e, rope[key, r0 + e])
     assert seen.all(), "a K fragment element never written"
     return a
 
