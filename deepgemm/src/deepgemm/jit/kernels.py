@@ -109,7 +109,6 @@ GEMV_DEFAULT = "auto"
 GEMV_MAX_M = 16
 GEMV_MAX_TMA_BN = 32
 GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
-# DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 # A's scales once per CTA (FP8 dense, M <= SMALL_M; DEEPGEMM_SFA_ONCE=0|1|auto): one TMA box of all rows and K
 # blocks (under split-K: the CTA's slice) instead of a third box per stage. "1": wherever the ring keeps at least
 # min(its plain depth, SFA_ONCE_MIN_STAGES) stages. "auto" (default): the same, but only at M > 16 without split-K
@@ -119,6 +118,7 @@ GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
 SFA_ONCE_MIN_KB = 32
+# DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
 OUT_CODE = {torch.bfloat16: 0, torch.float32: 1, torch.float8_e4m3fn: 2}
@@ -537,10 +537,9 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
             if bn > 128:
                 raise ValueError(f"DEEPGEMM_BLOCKS: split-K takes FP8 BN <= 128, got {blocks_env!r}")
         ksplit = int(bm == 64 and k >= 256 and ksplit_env == "1")
-        sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, n, k, bm, bn,
-                            functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit, splitk=s), s, num_sms)
-        stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit,
-                                                             sfa_rows=sfa_rows, splitk=s), ksplit)
+        depth = functools.partial(max_stages, fp8, k, bm, bn, ksplit=ksplit, splitk=s)
+        sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, n, k, bm, bn, depth, s, num_sms)
+        stages = forced_stages(stages_env, functools.partial(depth, sfa_rows=sfa_rows), ksplit)
         # multicast: pairs of N blocks (same M block and K slice) share A's boxes
         mcast = 2 if split_mc and ceil_div(n, bn) % 2 == 0 else 0
         # PIPE: each consumer warpgroup's K blocks in pairs, two in flight
@@ -558,10 +557,9 @@ def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, e
     # masked only when forced (BENCHMARKS.md run 23: contiguous +4-6 %, masked 0.96-1.05x)
     grouped_ok = kind == "dense" or (m_hint >= bm and (kind == "contiguous" or tstore_env == "1"))
     tstore = int(want_tstore and epi == 1 and bn % 64 == 0 and grouped_ok)
-    sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, n, k, bm, bn,
-                        functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore))
-    stages = forced_stages(stages_env, functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit,
-                                                         tstore=tstore, sfa_rows=sfa_rows), ksplit)
+    depth = functools.partial(max_stages, fp8, k, bm, bn, epi=epi, ksplit=ksplit, tstore=tstore)
+    sfa_rows = sfa_once(sfa_once_env, kind, fp8, m_hint, n, k, bm, bn, depth)
+    stages = forced_stages(stages_env, functools.partial(depth, sfa_rows=sfa_rows), ksplit)
     if ksplit and not stages_ok_for_ksplit(stages):
         raise AssertionError(f"deepgemm: K split with {stages} (odd) stages")
     wide = fp8 and bn == BLOCK_N_FP8_WIDE  # 128 x 256: its own two-halves mainloop, no PIPE / multicast
