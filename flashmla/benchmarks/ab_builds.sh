@@ -8,10 +8,11 @@
 # is set here) and prints each table's rows. Used in sessions 25 and 28 (BENCHMARKS.md).
 set -u
 OUT=$1 A_SRC=$2; shift 2
+A_NAME=$(basename "$A_SRC")
 # A_SRC must be named as the kernel file it replaces: another name would add an unbuilt file, and A would be B
-[ -f "flashmla/csrc/$(basename "$A_SRC")" ] || { echo "ab_builds.sh: no flashmla/csrc/$(basename "$A_SRC") to replace"; exit 2; }
+[ -f "flashmla/csrc/$A_NAME" ] || { echo "ab_builds.sh: no flashmla/csrc/$A_NAME to replace"; exit 2; }
 python3 -m pip install -q --no-build-isolation --no-deps ./flashmla > "$OUT/build_B.log" 2>&1 || { tail -30 "$OUT/build_B.log"; exit 1; }
-rm -rf /tmp/fA /tmp/A && cp -r flashmla /tmp/fA && cp "$A_SRC" "/tmp/fA/csrc/$(basename "$A_SRC")" && rm -rf /tmp/fA/build
+rm -rf /tmp/fA /tmp/A && cp -r flashmla /tmp/fA && cp "$A_SRC" "/tmp/fA/csrc/$A_NAME" && rm -rf /tmp/fA/build
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/A /tmp/fA > "$OUT/build_A.log" 2>&1 \
   || { tail -30 "$OUT/build_A.log"; exit 1; }
 echo builds ok
