@@ -88,7 +88,7 @@ def sdpa_baseline(q, kc, bt, sl, lmax, causal):
 # bench calls again under each variant (outside the timing, like a serving step's metadata)
 KNOBS = ("FLASHMLA_WGMMA_SPLIT", "FLASHMLA_L2_PREFETCH", "FLASHMLA_P_BF16_MIN_KEYS", "FLASHMLA_KSPLIT",
          "FLASHMLA_SPLIT_OVH", "FLASHMLA_SWAPAB_MAX_ROWS", "FLASHMLA_FP8_F16", "FLASHMLA_SWAPAB_RF",
-         "FLASHMLA_FP8_Q")
+         "FLASHMLA_FP8_Q", "FLASHMLA_FP8_PV")
 
 
 def parse_variant(spec):
@@ -300,7 +300,7 @@ def main():
         rounds_note = f" (medians of {args.rounds} rounds in rotating order)" if args.rounds > 1 else ""
         print(f"\nFP8 cache vs BF16 cache (uniform, s_q = 1; BF16 under FLASHMLA_KERNEL={kernels[0]}, FP8 under "
               f"{', '.join(fk)}; speed = BF16 time / FP8 time{rounds_note}; an FP8 variant is timed after its output agrees "
-              f"with the first's, cosine > 1 - 1e-5; 1 - 1e-2 under FLASHMLA_FP8_Q=1)")
+              f"with the first's, cosine > 1 - 1e-5; 1 - 1e-2 under FLASHMLA_FP8_Q=1 or FLASHMLA_FP8_PV=1)")
         for batch, L, h_q in itertools.product([64, 128], [4096, 16384], [int(h) for h in args.fp8_heads.split(",")]):
             q, kc, bt, sl = make_inputs(batch, L, h_q, 1, device="cuda", seed=2, poison=False)
             k8 = flashmla.quantize_kvcache(kc)
@@ -324,8 +324,8 @@ def main():
                 torch.cuda.synchronize()
                 if first is None:
                     first = (o8, l8)
-                # (Q rounded to e4m3 moves out by ~1e-3 in cosine: its GPU tests check it against its own oracle)
-                cos = disagreement((o8, l8), first, 1e-2 if "FLASHMLA_FP8_Q=1" in k else 1e-5)
+                # (Q or P rounded to e4m3 move out by ~1e-3 in cosine: their GPU tests check them against oracles)
+                cos = disagreement((o8, l8), first, 1e-2 if "FLASHMLA_FP8_Q=1" in k or "FLASHMLA_FP8_PV=1" in k else 1e-5)
                 if cos is None:
                     timed.append(k)
                 else:

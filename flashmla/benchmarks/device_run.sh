@@ -18,6 +18,9 @@
 # fp8f16 mode: FLASHMLA_FP8_F16=1 (the FP8 wgmma kernel with f16 consumers, opt-in): its smoke test under
 #   60 s, the FP8 GPU tests (all FP8 kernels, the new f16 ones included), then bench_fp8f16: the FP8 cache at h_q
 #   48/64/128 under auto and wgmma+FLASHMLA_FP8_F16=1 beside the BF16 cache, 3 rounds.
+# fp8pv mode: FLASHMLA_FP8_PV=1 (e4m3 P^T in the register-fed kernel at 1..16 rows, opt-in): a smoke test, the
+#   register-fed and swap-AB FP8 GPU tests, fp8_query_accuracy.py (fp8_accuracy.log), then bench_fp8pv: the FP8 cache at
+#   h_q 8/16 under auto, FP8_Q=1, FP8_PV=1 and both, beside the BF16 cache, 3 rounds.
 # FlashInfer peer: when the call carries .whl/ (run(..., carry=[".whl"]) with the flashinfer-python,
 # apache-tvm-ffi and nvidia-cudnn-frontend wheels, ~22 MB), they are installed into /tmp/site and
 # flashinfer_mla.py compiles (JIT) and checks FlashInfer's MLA decode before the benchmarks time it.
@@ -70,6 +73,15 @@ if [ "${2:-}" = fp8f16 ]; then
   gpu_tests 200 -k "fp8 or unknown_kernel"
   bench bench_fp8f16 "$(left)" --no-peers --rounds 3 --fp8 --fp8-only --kernels auto --fp8-heads 48,64,128 \
     --fp8-kernels "auto,wgmma+FLASHMLA_FP8_F16=1"
+  exit 0
+fi
+if [ "${2:-}" = fp8pv ]; then
+  smoke smoke_fp8pv "fp8_pv_exact and 0-0-16-1" || exit 1
+  gpu_tests 200 -k "fp8_pv or swapab_rf or fp8_swapab or auto_kernel"
+  timeout 120 "$PY" flashmla/benchmarks/fp8_query_accuracy.py >"$OUT/fp8_accuracy.log" 2>&1
+  echo "fp8_query_accuracy: rc=$?"; grep -E "^worst" "$OUT/fp8_accuracy.log"
+  bench bench_fp8pv "$(left)" --no-peers --rounds 3 --fp8 --fp8-only --kernels auto --fp8-heads 8,16 \
+    --fp8-kernels "auto,auto+FLASHMLA_FP8_Q=1,auto+FLASHMLA_FP8_PV=1,auto+FLASHMLA_FP8_Q=1+FLASHMLA_FP8_PV=1"
   exit 0
 fi
 if [ "${2:-}" = ab ]; then

@@ -30,6 +30,7 @@ struct DecodeArgs {
   int wg1_cols;             // BF16 wgmma kernel: O columns of consumer WG1 (128 or 256 of 512)
   int fp8_f16;              // FP8 wgmma kernel: f16 consumers (FLASHMLA_FP8_F16=1, opt-in)
   int fp8_q;                // register-fed swap-AB kernel: Q's NoPE part in e4m3, S by FP8 wgmma (FLASHMLA_FP8_Q=1)
+  int fp8_pv;               // register-fed swap-AB kernel, 1..16 rows: e4m3 P^T, V by FP8 wgmma (FLASHMLA_FP8_PV=1)
 };
 
 // FLASHMLA_KERNEL unset or 'auto': the wgmma kernel runs from this many query rows (s_q * h_q) per

@@ -566,6 +566,11 @@ const char* launch_mla_decode(const DecodeArgs& args, void* stream) {
   const char* fq = getenv("FLASHMLA_FP8_Q");
   a.fp8_q = fq && fq[0] ? atoi(fq) : 0;
   if (a.fp8_q != 0 && a.fp8_q != 1) return "FLASHMLA_FP8_Q must be 0 or 1";
+  // FLASHMLA_FP8_PV=1 (register-fed swap-AB kernel at 1..16 rows, opt-in): requests of at least p_bf16_min_keys keys
+  // round P^T, the keys' tile scales folded in, to e4m3 and run V's side on the FP8 tensor cores
+  const char* fv = getenv("FLASHMLA_FP8_PV");
+  a.fp8_pv = fv && fv[0] ? atoi(fv) : 0;
+  if (a.fp8_pv != 0 && a.fp8_pv != 1) return "FLASHMLA_FP8_PV must be 0 or 1";
   // FLASHMLA_SWAPAB_RF=0 (opt-out): the FP8 cache at 1..32 rows in the bf16-stage swap-AB kernel (below)
   const char* rf = getenv("FLASHMLA_SWAPAB_RF");
   if (rf && rf[0] && strcmp(rf, "0") != 0 && strcmp(rf, "1") != 0) return "FLASHMLA_SWAPAB_RF must be 0 or 1";

@@ -33,15 +33,22 @@
 // FLASHMLA_FP8_Q=1 (Q8): WG0 rounds Q's NoPE part to e4m3 per query row (rf_convert_q8; its 2^e per row applied to
 //   S in fp32) and issues S's NoPE part as 16 e4m3 wgmmas m64nNRk32 on the raw key bytes as loaded (rf_issue_s8):
 //   no conversion, half the tensor work; V's side is unchanged.
+// FLASHMLA_FP8_PV=1 (PV8, 16-row tile): for requests of at least a.p_bf16_min_keys keys WG0 also takes each page's
+//   largest live scale per tile across its warps (sigma, a power of two, in sSig for WG1) and writes P^T in e4m3 with
+//   scale[key][tile] / sigma folded in, one plane per tile; WG1 (rf_v_request_e4m3) feeds V's raw bytes to e4m3
+//   wgmmas m64n16k32 (m-tiles of one scale tile each) and adds each page's sums to O^T in fp32.
 // Layout of K's A fragment (S^T): warp w's keys 16w + g and 16w + g + 8; lane c reads bytes [32c, 32c + 32)
 // of each 128-column tile, word j of them (columns 32c + 4j ..+3) feeding k-step 8t + j: columns
 // 32c + 4j + {0, 1} are the fragment's k = 2c, 2c + 1 and + {2, 3} its k = 2c + 8, 2c + 9. The Q tile stores
 // each column at that k (rf_convert_q), so S is unchanged by the permutation. RoPE the same within 64 columns.
-// Shared memory: ring 4 x 41,984 | Q f16/bf16 NR x 1,152 | P^T planes 2 x (hi, lo) x NR x 128 | mbarriers,
-// sMax / sL [2][4][NR], alpha / 1/l [2][NR], Q max [4]: 197,120 (NR = 16) / 225,280 (32) bytes with the slack.
+// Shared memory: ring 4 x 41,984 | Q f16/bf16 NR x 1,152 | P^T planes 2 x (hi, lo) x NR x 128 (PV8: 2 x 4 e4m3 tiles of
+// NR x 64) | mbarriers, sMax / sL [2][4][NR], alpha / 1/l [2][NR], Q max [4], Q's 2^e [NR], PV8's scale maxima [2][4][4]
+// and sigmas [2][4]: 197,632 (NR = 16) / 225,280 (32) bytes with the slack.
 // CPU model of the maps and the barrier protocol: csrc/models/swapab_rf_model.py (update together).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "wgmma_common.cuh"
 
@@ -54,23 +61,29 @@ template <int NR>
 struct RfLayout {
   static constexpr int SLOTS = 4, QSLAB = NR * 128, OFF_QF = SLOTS * RF_PAGE;
   static constexpr int OFF_P = OFF_QF + NSLAB * QSLAB, OFF_MISC = OFF_P + 4 * QSLAB;
-  static constexpr int MISC = NR == 16 ? 1536 : 3072, SMEM = OFF_MISC + MISC + 1024;  // 128 B of mbarriers, 21 NR + 4 floats
+  // 128 B of mbarriers, 21 NR + 4 floats, then FLASHMLA_FP8_PV's 40 (NR = 16 only)
+  static constexpr int MISC = NR == 16 ? 2048 : 3072, SMEM = OFF_MISC + MISC + 1024;
   static_assert(OFF_QF % 1024 == 0 && OFF_P % 1024 == 0, "swizzled tiles: 1 KiB aligned");
   static_assert(SMEM <= 232448, "shared memory");
 };
-static_assert(RF_PAGE % 16 == 0 && RfLayout<16>::SMEM == 197120 && RfLayout<32>::SMEM == 225280, "as documented");
+static_assert(RF_PAGE % 16 == 0 && RfLayout<16>::SMEM == 197632 && RfLayout<32>::SMEM == 225280, "as documented");
 constexpr int RF_THREADS = 384, RF_PRODUCER_REGS = 40, RF_CONSUMER_REGS = 232;
 static_assert((168 - RF_PRODUCER_REGS) >= 2 * (RF_CONSUMER_REGS - 168), "setmaxnreg pool overdrawn");
 constexpr int RF_BAR_SMAX = 1, RF_BAR_SL = 2, RF_BAR_Q = 3;  // named barriers of WG0
 // A column's reference max moves only when a page's max exceeds it by more than this (exp2 domain): P <= 2^8 in
 // f16, and O^T is rescaled on few pages
 constexpr float RF_MAX_SLACK = 8.f;
+// How P^T reaches V's wgmmas, per request: f16 (P_F16), f16 hi + lo (P_F16LO: shorter than a.p_bf16_min_keys), or
+// (FLASHMLA_FP8_PV=1, 16-row tile, requests of at least a.p_bf16_min_keys keys) e4m3 with the keys' tile scales
+// folded in (P_E4M3: four planes, one per scale tile; V's raw bytes are the A operand, see rf_v_request_e4m3)
+enum RfP { RF_P_F16, RF_P_F16LO, RF_P_E4M3 };
 
 template <int NR>
 struct RfCta : Part {
   using L = RfLayout<NR>;
   uint32_t uRaw, uQF, uP, uBar;
   float *sMax, *sL, *sAlpha, *sInv, *sQred, *sQs;  // [2][4][NR], [2][4][NR], [2][NR], [2][NR], [4], [NR]
+  float *sSmx, *sSig;  // RF_P_E4M3: [2][4 warps][4 tiles] largest live scales, [2][4] sigma per tile (WG0 -> WG1)
   int m;
   __device__ uint32_t raw_full(int s) const { return uBar + 8 * s; }
   __device__ uint32_t raw_empty(int s) const { return uBar + 32 + 8 * s; }
@@ -145,6 +158,11 @@ __device__ __forceinline__ uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(y), "r"(sel));
   return r;
+}
+__device__ __forceinline__ uint32_t lds32u(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 __device__ __forceinline__ float lds32f(uint32_t addr) {
   float v;
@@ -332,9 +350,9 @@ __device__ __forceinline__ void rf_load_rope(uint32_t tok0, uint32_t tok1, int c
 // FLASHMLA_FP8_Q=1: S^T of one page as rf_issue_s, the NoPE part by e4m3 wgmma m64nNRk32 straight from the raw bytes
 // (no conversion): bytes [32cq + 16hf, +16) of each key's tile tl are k-steps 4tl + 2hf + {0, 1}, words 2p and
 // 2p + 1 their fragment's k = 4cq.. and 16 + 4cq.. (rf_convert_q8 stores Q in that order)
-template <int NR>
+template <int NR, class During>
 __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq, uint64_t dq, float (&st)[4][NR / 2],
-                                            float (&sr)[NR / 2], uint4 (&r)[2]) {
+                                            float (&sr)[NR / 2], uint4 (&r)[2], During&& during) {
   auto db_of = [&](int kk) { return rf_q_desc<NR>(dq, kk); };
   // NR = 16: every fragment loaded first; NR = 32 (80 accumulator registers): tiles 0-1, tiles 2-3, then RoPE in
   // tiles 0-1's registers once their wgmmas are done
@@ -391,6 +409,7 @@ __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq
     issue_rope();
   }
   wgmma_commit();
+  during();
   wgmma_wait0();
 #pragma unroll
   for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
@@ -398,11 +417,11 @@ __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq
 }
 
 // S^T of one page into st (per scale tile) and sr (RoPE) from this thread's raw keys tok0 / tok1 (committed and
-// waited), and the keys' tile scales into r. 16 rows: every A fragment converted first (144 registers); 32 rows:
-// batches of 4 k-steps, two in flight.
-template <int NR>
+// waited; during() runs while the last wgmmas do), and the keys' tile scales into r. 16 rows: every A fragment
+// converted first (144 registers); 32 rows: batches of 4 k-steps, two in flight.
+template <int NR, class During>
 __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq, uint64_t dq, float (&st)[4][NR / 2],
-                                           float (&sr)[NR / 2], uint4 (&r)[2]) {
+                                           float (&sr)[NR / 2], uint4 (&r)[2], During&& during) {
   auto db_of = [&](int kk) { return rf_q_desc<NR>(dq, kk); };
   // k-steps 8tl + 4hf + q (q = 0..3) of tile tl: bytes [32cq + 16hf, +16) of both keys' 128-byte tile
   auto nope = [&](int tl, int hf, uint32_t(&f)[4][4]) {
@@ -458,13 +477,14 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
       wgmma_commit();
     }
   }
+  during();
   wgmma_wait0();
 #pragma unroll
   for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
   fence_regs(sr);
 }
 
-template <int NR, bool LO, bool Q8>
+template <int NR, RfP PM, bool Q8>
 __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int t,
                                              int& it, int rq, float qmul) {
   constexpr int NQ = NR / 4, SLOTS = RfLayout<NR>::SLOTS;  // query columns per thread
@@ -486,15 +506,27 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
     // ---- S^T per scale tile and of RoPE; the keys' tile scales
     float st[4][NR / 2], sr[NR / 2];
     uint4 r[2];
-    if constexpr (Q8) rf_issue_s8<NR>(tok0, tok1, cq, dq, st, sr, r);
-    else rf_issue_s<NR>(tok0, tok1, cq, dq, st, sr, r);
+    const int key0 = blk * PAGE + w4 * 16 + gq;
+    // RF_P_E4M3, while S's wgmmas run: the warp's largest live scale of each tile (0 past the length, where the bytes
+    // are NaN; compared as unsigned words: the order of non-negative floats) into sSmx
+    auto scale_max = [&]() {
+      if constexpr (PM == RF_P_E4M3) {
+        const uint32_t u[2][4] = {{r[0].x, r[0].y, r[0].z, r[0].w}, {r[1].x, r[1].y, r[1].z, r[1].w}};
+        uint32_t tm[4];
+#pragma unroll
+        for (int tl = 0; tl < 4; ++tl)
+          tm[tl] = __reduce_max_sync(0xffffffffu, max(key0 < w.L ? u[0][tl] : 0u, key0 + 8 < w.L ? u[1][tl] : 0u));
+        if (lane == 0) *reinterpret_cast<uint4*>(c.sSmx + (par * 4 + w4) * 4) = make_uint4(tm[0], tm[1], tm[2], tm[3]);
+      }
+    };
+    if constexpr (Q8) rf_issue_s8<NR>(tok0, tok1, cq, dq, st, sr, r, scale_max);
+    else rf_issue_s<NR>(tok0, tok1, cq, dq, st, sr, r, scale_max);
     const float sc[2][4] = {{__uint_as_float(r[0].x), __uint_as_float(r[0].y), __uint_as_float(r[0].z), __uint_as_float(r[0].w)},
                             {__uint_as_float(r[1].x), __uint_as_float(r[1].y), __uint_as_float(r[1].z), __uint_as_float(r[1].w)}};
     // ---- S in the exp2 domain, keys past a column's limit masked, column max over the 64 keys
     float sacc[NR / 2], mx[NQ];
 #pragma unroll
     for (int k = 0; k < NQ; ++k) mx[k] = NEG_INF;
-    const int key0 = blk * PAGE + w4 * 16 + gq;
 #pragma unroll
     for (int i = 0; i < NR / 2; ++i) {
       const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
@@ -507,6 +539,23 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
     float* smx = c.sMax + par * 4 * NR;
     column_max_to_smem<NR>(mx, smx, w4, gq, cq);
     bar_sync(RF_BAR_SMAX, 128);
+    uint32_t sfield[4];  // RF_P_E4M3: sigma of each tile, the least power of two >= its largest live scale
+    float fac[2][4];     // RF_P_E4M3: the keys' live scales over sigma
+    if constexpr (PM == RF_P_E4M3) {
+      uint4 m4 = *reinterpret_cast<const uint4*>(c.sSmx + par * 16);
+#pragma unroll
+      for (int wv = 1; wv < 4; ++wv) {
+        const uint4 v = *reinterpret_cast<const uint4*>(c.sSmx + (par * 4 + wv) * 4);
+        m4 = make_uint4(max(m4.x, v.x), max(m4.y, v.y), max(m4.z, v.z), max(m4.w, v.w));
+      }
+      sfield[0] = pow2_field_ceil(__uint_as_float(m4.x)), sfield[1] = pow2_field_ceil(__uint_as_float(m4.y));
+      sfield[2] = pow2_field_ceil(__uint_as_float(m4.z)), sfield[3] = pow2_field_ceil(__uint_as_float(m4.w));
+#pragma unroll
+      for (int tl = 0; tl < 4; ++tl) {
+        const float inv_sig = __uint_as_float((254u << 23) - sfield[tl]);
+        fac[0][tl] = key0 < w.L ? sc[0][tl] * inv_sig : 0.f, fac[1][tl] = key0 + 8 < w.L ? sc[1][tl] * inv_sig : 0.f;
+      }
+    }
     float al[NQ], muse[NQ];
 #pragma unroll
     for (int k = 0; k < NQ; ++k) {
@@ -518,22 +567,43 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
       mrow[k] = mn;
       lrow[k] *= al[k];
     }
-    // ---- P^T[n][key] in f16 (hi, and lo) into plane par, once WG1 is done with page it - 2
+    // ---- P^T[n][key] into the planes of parity par, once WG1 is done with page it - 2
     mbar_wait(c.p_empty(par), ((it >> 1) & 1) ^ 1);
     const uint32_t ph = c.plane(par, 0), pl = c.plane(par, 1);
+    if constexpr (PM == RF_P_E4M3) {
+      // tile tl's plane: bytes 64 (tl & 1).. of the rows of plane(par, tl >> 1); its k-step ks (keys 32ks..) at
+      // + 32ks, and in it key 32ks + 8(2h + o) + 2c + e at byte 16h + 4c + 2e + o: this thread's keys 16 w4 + gq
+      // (o = 0) and + 8 (o = 1) are the two bytes at 16 w4 + 2 gq, so one 16-bit store per tile and column
 #pragma unroll
-    for (int i = 0; i < NR / 2; ++i) {
-      const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
-      const float p = exp2_ftz(sacc[i] - muse[k]);
-      lrow[k] += p;
-      const uint32_t off = swz128(rf_col(k, cq), w4 * 16 + gq + 8 * h);
-      const __half hp = __float2half_rn(p);
-      sts16(ph + off, __half_as_ushort(hp));
-      if (LO) sts16(pl + off, __half_as_ushort(__float2half_rn(p - __half2float(hp))));
+      for (int k = 0; k < NQ; ++k) {
+        const int i0 = ((k >> 1) << 2) | (k & 1);
+        const float p0 = exp2_ftz(sacc[i0] - muse[k]), p1 = exp2_ftz(sacc[i0 + 2] - muse[k]);
+        lrow[k] += p0 + p1;
+#pragma unroll
+        for (int tl = 0; tl < 4; ++tl) {
+          const uint16_t v = __nv_cvt_float2_to_fp8x2(make_float2(p0 * fac[0][tl], p1 * fac[1][tl]), __NV_SATFINITE, __NV_E4M3);
+          sts16(c.plane(par, tl >> 1) + swz128(rf_col(k, cq), 32 * (tl & 1) + 8 * w4 + gq), v);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NR / 2; ++i) {
+        const int k = ((i >> 2) << 1) | (i & 1), h = (i >> 1) & 1;
+        const float p = exp2_ftz(sacc[i] - muse[k]);
+        lrow[k] += p;
+        const uint32_t off = swz128(rf_col(k, cq), w4 * 16 + gq + 8 * h);
+        const __half hp = __float2half_rn(p);
+        sts16(ph + off, __half_as_ushort(hp));
+        if (PM == RF_P_F16LO) sts16(pl + off, __half_as_ushort(__float2half_rn(p - __half2float(hp))));
+      }
     }
     if (w4 == 0 && gq == 0) {
 #pragma unroll
       for (int k = 0; k < NQ; ++k) c.sAlpha[par * NR + rf_col(k, cq)] = al[k];
+      if (PM == RF_P_E4M3 && cq == 0) {
+#pragma unroll
+        for (int tl = 0; tl < 4; ++tl) c.sSig[par * 4 + tl] = __uint_as_float(sfield[tl]);
+      }
     }
     if (blk == w.kend - 1) {  // the request's row sums: lse here, 1/l for WG1's epilogue
       float* sl = c.sL + (rq & 1) * 4 * NR;
@@ -741,7 +811,133 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta<NR
   }
 }
 
-template <int NR, bool Q8>
+// RF_P_E4M3 (16-row tile): O^T += V^T P^T by e4m3 wgmma m64n16k32 with V's raw bytes as the A operand; the keys'
+// scales over sigma are in P^T (rf_s_request), so no conversion and no scale product here. m-tile mt's 64 rows are
+// value columns of scale tile mt >> 1: lane (gq, cq) of warp w4 owns the columns 128 tl + 4 (8 w4 + gq) + 0..3,
+// rows gq / gq + 8 of m-tile 2 tl (+0 / +1) and of 2 tl + 1 (+2 / +3). Its A registers of k-step ks (keys 32 ks..)
+// are 4 x 4 byte transposes of one word of those columns from each of 8 keys: k = 16h + 4cq + 2e + o holds key
+// 32 ks + 8 (2h + o) + 2 cq + e (keys 2 cq + e mod 8 put a warp's 32 words in distinct banks). O^T is in units of
+// each tile's sigma (WG0's, in sSig), rescaled by their ratio between pages (exact) with alpha.
+template <int NR>
+__device__ __forceinline__ void rf_v_request_e4m3(const DecodeArgs& a, const RfCta<NR>& c, const Work& w, int b, int t,
+                                                  int& it, int rq) {
+  static_assert(NR == 16, "e4m3 P^T: the 16-row tile only");
+  constexpr int NQ = NR / 4, SLOTS = RfLayout<NR>::SLOTS;
+  const int w4 = t >> 5, lane = t & 31, gq = lane >> 2, cq = lane & 3;
+  const int col0 = 4 * (8 * w4 + gq);  // + 128 tl
+  float o[8][NR / 2];
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+    for (int i = 0; i < NR / 2; ++i) o[mt][i] = 0.f;
+  float sig[4] = {0.f, 0.f, 0.f, 0.f}, inv[NQ];
+#pragma unroll
+  for (int k = 0; k < NQ; ++k) inv[k] = 0.f;
+  for (int blk = w.kbeg; blk < w.kend; ++blk, ++it) {
+    const int s = it % SLOTS, par = it & 1, valid = w.L - blk * PAGE;
+    mbar_wait(c.raw_full(s), (it / SLOTS) & 1);
+    const uint32_t pg = c.uRaw + s * RF_PAGE + col0;
+    uint32_t av[2][8][4];  // [k-step][m-tile][fragment register]
+    auto load = [&](auto masked) {  // (a full page without the key tests)
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int tl = 0; tl < 4; ++tl)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t x[4];  // byte i of the fragment word: key i (zero past the length, where the bytes are NaN)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int key = 32 * ks + 8 * (2 * h + (i & 1)) + 2 * cq + (i >> 1);
+              const uint32_t addr = pg + key * RF_TOKEN + 128 * tl;
+              if constexpr (decltype(masked)::value) x[i] = key < valid ? lds32u(addr) : 0u;
+              else x[i] = lds32u(addr);
+            }
+            const uint32_t t0 = prmt(x[0], x[1], 0x5140), t1 = prmt(x[0], x[1], 0x7362);
+            const uint32_t t2 = prmt(x[2], x[3], 0x5140), t3 = prmt(x[2], x[3], 0x7362);
+            av[ks][2 * tl][2 * h] = prmt(t0, t2, 0x5410), av[ks][2 * tl][2 * h + 1] = prmt(t0, t2, 0x7632);
+            av[ks][2 * tl + 1][2 * h] = prmt(t1, t3, 0x5410), av[ks][2 * tl + 1][2 * h + 1] = prmt(t1, t3, 0x7632);
+          }
+    };
+    if (valid >= PAGE) load(std::false_type{});
+    else load(std::true_type{});
+    mbar_arrive(c.raw_empty(s));  // this page's V bytes are used
+    mbar_wait(c.p_full(par), (it >> 1) & 1);
+    float al[NQ], rho[4];
+    bool rescale = false;
+#pragma unroll
+    for (int k = 0; k < NQ; ++k) al[k] = c.sAlpha[par * NR + rf_col(k, cq)], rescale |= al[k] != 1.f;
+#pragma unroll
+    for (int tl = 0; tl < 4; ++tl) {
+      const float sg = c.sSig[par * 4 + tl];  // a power of two: 1 / sg and the ratio are exact
+      rho[tl] = sig[tl] > 0.f ? sig[tl] * __uint_as_float((254u << 23) - __float_as_uint(sg)) : 1.f;
+      sig[tl] = sg;
+      rescale |= rho[tl] != 1.f;
+    }
+    if (blk == w.kend - 1) {
+#pragma unroll
+      for (int k = 0; k < NQ; ++k) inv[k] = c.sInv[(rq & 1) * NR + rf_col(k, cq)];
+    }
+    // the page's products into fresh accumulators (FP8 wgmma keeps ~13 mantissa bits of its sums, SageAttention2's
+    // finding: O^T itself stays in fp32), added to O^T once read: tiles 0-1 and 2-3 in two groups
+    float op[8][NR / 2];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) fence_regs(op[mt]);
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) fence_u32(av[ks]);
+    wgmma_fence();
+    const uint64_t dp0 = desc_kmajor(c.plane(par, 0)), dp1 = desc_kmajor(c.plane(par, 1));
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int mt = 4 * hf + j;
+        const uint64_t d = (hf ? dp1 : dp0) + 4 * (j >> 1);
+        wgmma_rs_e4m3<NR, 0>(op[mt], av[0][mt], d);
+        wgmma_rs_e4m3<NR>(op[mt], av[1][mt], d + 2);
+      }
+      wgmma_commit();
+    }
+    const bool any_rescale = __any_sync(0xffffffffu, rescale);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if (hf == 0) wgmma_wait1();
+      else wgmma_wait0();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int mt = 4 * hf + j;
+        fence_regs(op[mt]);
+        if (any_rescale) {
+#pragma unroll
+          for (int i = 0; i < NR / 2; ++i) o[mt][i] = fmaf(o[mt][i], al[((i >> 2) << 1) | (i & 1)] * rho[mt >> 1], op[mt][i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < NR / 2; ++i) o[mt][i] += op[mt][i];
+        }
+      }
+    }
+    mbar_arrive(c.p_empty(par));
+  }
+  // ---- out (bf16) or the split partial (fp32): 4 contiguous columns per tile and query row
+#pragma unroll
+  for (int k = 0; k < NQ; ++k) {
+    const int n = rf_col(k, cq), i0 = ((k >> 1) << 2) | (k & 1);
+    if (n >= c.m) continue;
+#pragma unroll
+    for (int tl = 0; tl < 4; ++tl) {
+      const float f = sig[tl] * inv[k];
+      const float v0 = o[2 * tl][i0] * f, v1 = o[2 * tl][i0 + 2] * f, v2 = o[2 * tl + 1][i0] * f, v3 = o[2 * tl + 1][i0 + 2] * f;
+      const int64_t col = 128 * tl + col0;
+      if (!w.split)
+        *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(a.out) + ((int64_t)b * c.m + n) * D_V + col) =
+            make_uint2(pack_bf16(v0, v1), pack_bf16(v2, v3));
+      else
+        *reinterpret_cast<float4*>(a.oacc + ((int64_t)w.g * c.m + n) * D_V + col) = make_float4(v0, v1, v2, v3);
+    }
+  }
+}
+
+template <int NR, bool Q8, bool PV8>
 __global__ void __launch_bounds__(RF_THREADS, 1)
     mla_decode_swapab_rf_kernel(const __grid_constant__ DecodeArgs a) {
   using L = RfLayout<NR>;
@@ -752,6 +948,7 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
   c.uRaw = base, c.uQF = base + L::OFF_QF, c.uP = base + L::OFF_P, c.uBar = base + L::OFF_MISC;
   c.sMax = reinterpret_cast<float*>(smem_raw + (base - raw) + L::OFF_MISC + 128);
   c.sL = c.sMax + 8 * NR, c.sAlpha = c.sL + 8 * NR, c.sInv = c.sAlpha + 2 * NR, c.sQred = c.sInv + 2 * NR, c.sQs = c.sQred + 4;
+  c.sSmx = c.sQs + NR, c.sSig = c.sSmx + 32;  // (16-byte aligned: 21 NR + 4 floats in)
   c.m = a.s_q * a.h_q;
   if (!load_part(a.meta, a.batch, c)) return;
   if (threadIdx.x == 0) {
@@ -782,10 +979,12 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
         continue;
       }
       const float qmul = Q8 ? rf_convert_q8<NR>(a, c, b, t) : rf_convert_q<NR>(a, c, b, t);
-      if (lo) rf_s_request<NR, true, Q8>(a, c, w, b, t, it, rq, qmul);
-      else rf_s_request<NR, false, Q8>(a, c, w, b, t, it, rq, qmul);
+      if (lo) rf_s_request<NR, RF_P_F16LO, Q8>(a, c, w, b, t, it, rq, qmul);
+      else if constexpr (PV8) rf_s_request<NR, RF_P_E4M3, Q8>(a, c, w, b, t, it, rq, qmul);
+      else rf_s_request<NR, RF_P_F16, Q8>(a, c, w, b, t, it, rq, qmul);
     } else {
       if (lo) rf_v_request<NR, true>(a, c, w, b, t, it, rq);
+      else if constexpr (PV8) rf_v_request_e4m3<NR>(a, c, w, b, t, it, rq);
       else rf_v_request<NR, false>(a, c, w, b, t, it, rq);
     }
     rq += has_pages;
@@ -795,7 +994,10 @@ __global__ void __launch_bounds__(RF_THREADS, 1)
 template <int NR>
 int launch_rf(const DecodeArgs& a, void* stream) {
   constexpr int SMEM = RfLayout<NR>::SMEM;
-  auto kernel = a.fp8_q ? mla_decode_swapab_rf_kernel<NR, true> : mla_decode_swapab_rf_kernel<NR, false>;
+  // FLASHMLA_FP8_PV=1: e4m3 P^T in the 16-row tile (the 32-row one keeps f16 P^T)
+  const bool pv8 = NR == 16 && a.fp8_pv;
+  auto kernel = a.fp8_q ? (pv8 ? mla_decode_swapab_rf_kernel<NR, true, NR == 16> : mla_decode_swapab_rf_kernel<NR, true, false>)
+                        : (pv8 ? mla_decode_swapab_rf_kernel<NR, false, NR == 16> : mla_decode_swapab_rf_kernel<NR, false, false>);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
   if (e != cudaSuccess) return e;
   kernel<<<dim3(1, a.parts), RF_THREADS, SMEM, static_cast<cudaStream_t>(stream)>>>(a);

@@ -1,5 +1,6 @@
 """GPU tests of the CUDA kernels against the float32 reference (marked `gpu`)."""
 import itertools
+import math
 import os
 import random
 
@@ -9,7 +10,7 @@ import torch
 import flashmla
 from flashmla import ref
 from flashmla.testing import check_decode
-from flashmla.testing import f16_dequantized, fp8_reference, make_inputs, rf_reference, wide_tile_cache
+from flashmla.testing import f16_dequantized, fp8_reference, live_slots, make_inputs, rf_reference, wide_tile_cache
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -674,6 +675,86 @@ def test_fp8_swapab_rf_fp8_query(h_q, s_q, data, monkeypatch):
     monkeypatch.setenv("FLASHMLA_FP8_Q", "2")
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
     with pytest.raises(RuntimeError, match="FLASHMLA_FP8_Q must be 0 or 1"):
+        flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
+
+
+def pow2_fp8_case(lens, h_q, s_q, seed):
+    """Inputs on which FLASHMLA_FP8_PV=1 rounds nothing (with softmax_scale = ln 2): Q's only nonzeros are -1, 0 or 1 in
+    three NoPE columns of tile 0, where K holds -1, 0 or 1 at scale 1, so every logit is an integer in [-3, 3] and P
+    a power of two in [2^-6, 2^6]; the other tiles' scales are 2^-1, 1 or 2 per token, so P times scale over sigma
+    is an e4m3 value (>= 2^-8); V's e4m3 values otherwise randn rounded (of order 1: FP8 wgmma keeps ~13 mantissa
+    bits of each page's sums, ~1e-4 here, within the absolute tolerance), RoPE random bf16 (Q's RoPE is 0); 0xFF (NaN
+    values and scales) in every slot past the lengths. Returns (q, FP8 cache, block_table, seqlens)."""
+    q, kc, bt, sl = make_inputs(len(lens), lens, h_q, s_q, device=DEV, seed=seed)
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    nb = kc.shape[0]
+    cols = torch.randperm(128, generator=g, device=DEV)[:3]
+    qf = torch.zeros(q.shape, device=DEV)
+    qf[..., cols] = torch.randint(-1, 2, (*q.shape[:-1], 3), generator=g, device=DEV).float()
+    vals = torch.randn(nb, 64, 1, 512, generator=g, device=DEV)
+    vals[..., cols] = torch.randint(-1, 2, (nb, 64, 1, 3), generator=g, device=DEV).float()
+    scales = torch.pow(2.0, torch.randint(-1, 2, (nb, 64, 1, 4), generator=g, device=DEV).float())
+    scales[..., 0] = 1.0
+    rope = torch.randn(nb, 64, 1, 64, generator=g, device=DEV).to(torch.bfloat16)
+    k8 = torch.cat([vals.to(torch.float8_e4m3fn).view(torch.uint8), scales.view(torch.uint8), rope.view(torch.uint8)], -1)
+    k8[~live_slots(bt, sl, nb)] = 0xFF
+    return qf.to(torch.bfloat16), k8.contiguous(), bt, sl
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (1, 1), (11, 1), (3, 5), (17, 1)])
+@pytest.mark.parametrize("fp8_q", ["0", "1"])
+@pytest.mark.parametrize("min_keys", ["0", "default"])
+def test_fp8_swapab_rf_fp8_pv_exact(h_q, s_q, fp8_q, min_keys, monkeypatch):
+    """FLASHMLA_FP8_PV=1 (e4m3 P^T with the tile scales folded in, V's side by FP8 wgmma; 1..16 rows) on data it
+    rounds nothing of (pow2_fp8_case): against the float32 reference on the dequantised cache at the issue's
+    tolerances, so any slip in the four P^T planes' key order, a tile's sigma, the masks or the epilogue's columns
+    shows. Every request in e4m3 (P_BF16_MIN_KEYS=0), or only those of >= 1024 keys beside exact f16 P (the default);
+    tails of 1 and 63 tokens, a zero-length request, one split over several parts; 17 rows keep f16 P."""
+    need_kernel()
+    rf_env(monkeypatch, "auto")
+    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
+    monkeypatch.setenv("FLASHMLA_FP8_Q", fp8_q)
+    if min_keys == "default":
+        monkeypatch.delenv("FLASHMLA_P_BF16_MIN_KEYS", raising=False)
+    else:
+        monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", min_keys)
+    lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
+    q, k8, bt, sl = pow2_fp8_case(lens, h_q, s_q, 31 * h_q + s_q)
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    out, lse = flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, softmax_scale=math.log(2),
+                                               causal=s_q > 1, is_fp8_kvcache=True)
+    assert flashmla.api._C.last_kernel() == "swapab_rf"
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512,
+                                     softmax_scale=math.log(2), causal=s_q > 1)
+    check_decode(out, lse, ro, rl)
+    assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
+
+
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (1, 1), (3, 5)])
+@pytest.mark.parametrize("data", ["randn", "wide", "jumpy"])
+def test_fp8_swapab_rf_fp8_pv_accuracy(h_q, s_q, data, monkeypatch):
+    """FLASHMLA_FP8_PV=1 on the data of test_fp8_swapab_rf_data, every request in e4m3 P^T: lse to 1e-5 as by default
+    (l sums P unrounded); out against the float32 reference on the dequantised cache within what rounding P times
+    scale over sigma to 3 mantissa bits allows (relative error <= 2^-4 each, ~2.5 % rms): ||out - ref|| < 0.05
+    ||ref|| and 1 - cosine < 2e-3 (measured: flashmla/benchmarks/fp8_query_accuracy.py, BENCHMARKS.md)."""
+    need_kernel()
+    rf_env(monkeypatch, "auto")
+    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
+    monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "0")
+    q, kc, k8, bt, sl = rf_data_case(h_q, s_q, data, 37 * h_q + s_q, 7)
+    out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
+    ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
+    o = out.float()
+    assert torch.equal(torch.isnan(o), torch.isnan(ro)) and torch.equal(torch.isposinf(lse), torch.isposinf(rl))
+    fin = torch.isfinite(rl)
+    assert ((lse[fin] - rl[fin]).abs() / rl[fin].abs().clamp_min(1.0)).max() < 1e-5
+    rel = ((o - ro).norm() / ro.norm()).item()
+    cos = torch.nn.functional.cosine_similarity(o.flatten().double(), ro.flatten().double(), dim=0).item()
+    assert rel < 0.05 and 1 - cos < 2e-3, f"||out - ref|| / ||ref|| {rel}, 1 - cosine {1 - cos}"
+    assert (out[1] == 0).all()
+    monkeypatch.setenv("FLASHMLA_FP8_PV", "2")
+    meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
+    with pytest.raises(RuntimeError, match="FLASHMLA_FP8_PV must be 0 or 1"):
         flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
 
 
