@@ -80,13 +80,14 @@ def test_swapab_fp8_model_passes_and_catches_mutants():
 def test_swapab_rf_model_passes_and_catches_mutants():
     """CPU model of the register-fed swap-AB kernel (csrc/models/swapab_rf_model.py), 16- and 32-row tiles: Q's
     conversion and column permutation, K's and V's register fragments, per-tile scales, sigma, the softmax with its
-    lazily moved reference max and the epilogue (and, under FLASHMLA_FP8_Q=1, the e4m3 Q and K fragments) reproduce
+    lazily moved reference max and the epilogue (and, under FLASHMLA_FP8_Q=1, the e4m3 Q and K fragments; under
+    FLASHMLA_FP8_PV=1, the e4m3 P^T planes and V fragments, exactly against the same P^T applied directly) reproduce
     attention on the float32-dequantised cache; its mbarrier protocol (a ring of 4 page slots released by both
     warpgroups, P^T / alpha by page parity, 1/l by request parity) passes over random schedules; each deliberately
     broken map, count, wait or buffer is caught."""
     res = _model("swapab_rf_model.py", "--trials", "30", "--mutants")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "all 18 mutants caught" in res.stdout
+    assert "all 21 mutants caught" in res.stdout
 
 
 def test_ncu_source_summary_reads_a_source_view(tmp_path):

@@ -12,17 +12,24 @@ layout: requests of a few pages replayed through the kernel's maps in float64, f
     tile as a power of two), m-tile rows -> value columns d0 + 2mt (+ 1); O rescaled by sigma ratios; the epilogue;
   - FLASHMLA_FP8_Q=1: Q's NoPE part in e4m3 per row (2^e, its 4-byte groups permuted) as the e4m3 B operand, K's
     e4m3 A fragments straight from the raw bytes (m64nNRk32), S scaled by 2^e per query column;
+  - FLASHMLA_FP8_PV=1 (16 rows, requests of >= min_keys keys): sigma per tile over the page's live scales, P^T as
+    e4m3(p scale / sigma) stored by WG0's threads into the four tile planes (key pairs at 16 w4 + 2 gq), V's e4m3 A
+    fragments by 4 x 4 byte transposes of one word per key (keys 32 ks + 8 (2h + o) + 2 cq + e), m-tile rows ->
+    value columns 128 tl + 4 (8 w4 + gq) + 2 j + h; each page's products checked against the same P^T applied
+    directly (exact in float64), then added to O^T;
   and compares out and lse with attention on dequantize_kvcache(k, float32) (0xFF bytes past every length; under
-  FP8_Q with flashmla.testing.fp8_query's Q).
+  FP8_Q with flashmla.testing.fp8_query's Q; under FP8_PV within 0.1 of the largest output, e4m3 P's rounding).
 protocol: randomised interleavings of the producer (a ring of 4 page slots), the four warps of the S warpgroup (Q
   conversion, S, sMax by page parity, P^T and alpha by page parity, row sums and 1/l by request parity) and the four
   of the P V warpgroup (NR = 16: the page's V read, its slot released, then P^T; NR = 32: a quarter of V read, then
   P^T, then the rest and the slot), with the kernel's mbarrier counts and parities: no deadlock, every read sees
-  the version it expects.
-`--mutants` breaks one map, count, wait or buffer at a time and asserts each is caught. ~15 s:
+  the version it expects. (FLASHMLA_FP8_PV's per-warp scale maxima are written and read as sMax is, by page parity
+  around the same barrier; its sigmas are written with alpha and read with it.)
+`--mutants` breaks one map, count, wait or buffer at a time and asserts each is caught. ~40 s:
 
     python flashmla/csrc/models/swapab_rf_model.py [--trials N] [--mutants]
 """
+import itertools
 import math
 import random
 import sys
@@ -52,6 +59,18 @@ def e4m3(b): return float(torch.tensor([b], dtype=torch.uint8).view(torch.float8
 
 
 E4M3 = [e4m3(b) if (b & 0x7F) != 0x7F else math.nan for b in range(256)]
+
+
+def e4m3_rn(x):  # cvt.rn.satfinite to e4m3 (x >= 0), as float64
+    return torch.tensor(np.minimum(x, 448.0), dtype=torch.float32).to(torch.float8_e4m3fn).double().numpy()
+
+
+def prmt(a, b, sel):  # PRMT of two words given as byte lists: result byte i <- source byte (nibble i of sel)
+    src = list(a) + list(b)
+    return [src[(sel >> (4 * i)) & 7] for i in range(4)]
+
+
+def rf_col(k, cq): return 8 * (k >> 1) + 2 * cq + (k & 1)
 
 
 def pow2_ceil(x):
@@ -243,9 +262,55 @@ def v_fragments(raw, valid, mut):
     return col, sig
 
 
-def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None, q8=False):
-    """One request through the kernel's maps (P hi / lo below min_keys keys; q8: FLASHMLA_FP8_Q=1): (out [m, 512],
-    lse [m]) in float64."""
+def pv8_operands(pt, fac, nr, mut):
+    """FLASHMLA_FP8_PV=1: WG0's 16-bit stores of e4m3(p * scale / sigma) into the two planes of a parity (thread (w4, gq,
+    cq): keys 16 w4 + gq + 8 o, o = 0 / 1 the low / high byte at 64 (tl & 1) + 16 w4 + 2 gq of tile tl's plane tl >> 1),
+    read back as the B operand of tile tl and k-step ks: bytes 64 (tl & 1) + 32 ks.. of each row -> b[tl][ks] [32 k, NR]."""
+    planes, seen = np.full((2, nr * 128), np.nan), set()
+    for w4, gq, cq, k, tl, o in np.ndindex(4, 8, 4, nr // 4, 4, 2):
+        key, n = 16 * w4 + gq + 8 * o, rf_col(k, cq)
+        byte = 64 * (tl & 1) + 16 * w4 + 2 * gq + ((1 - o) if mut == "pv8_pair_swapped" else o)
+        if mut == "pv8_planes_swapped": tl ^= 1
+        addr = swz128_byte(n, byte)
+        assert (tl >> 1, addr) not in seen, "P^T byte written twice"
+        seen.add((tl >> 1, addr))
+        planes[tl >> 1, addr] = e4m3_rn(pt[key, n] * fac[key, tl])
+    assert len(seen) == 2 * nr * 128, "a P^T byte never written"
+    return [[np.array([[planes[tl >> 1, swz128_byte(n, 64 * (tl & 1) + 32 * ks + kk)] for n in range(nr)]
+                       for kk in range(32)]) for ks in range(2)] for tl in range(4)]
+
+
+def v_fragments8(raw, valid, mut):
+    """FLASHMLA_FP8_PV=1: WG1's e4m3 A fragments of V, a[ks][mt] [64 rows, 32 k] (e4m3 values, 0 past the length), and
+    the value column of each (m-tile, row)."""
+    a, col, seen = np.zeros((2, 8, 64, 32)), {}, set()
+    for t, ks, tl, h in np.ndindex(128, 2, 4, 2):
+        w4, gq, cq = t >> 5, (t & 31) >> 2, t & 3
+        c0 = 128 * tl + 4 * (8 * w4 + gq)
+        x = []
+        for i in range(4):  # byte i of the fragment word: key 32 ks + 8 (2h + o) + 2 cq + e, i = 2e + o
+            key = 32 * ks + 8 * (2 * h + (i & 1)) + 2 * cq + (i >> 1)
+            if mut == "pv8_v_key_order": key = 32 * ks + 8 * (2 * h + (i >> 1)) + 2 * cq + (i & 1)
+            x.append([0] * 4 if key >= valid else list(raw[key, c0:c0 + 4]))
+        t0, t1 = prmt(x[0], x[1], 0x5140), prmt(x[0], x[1], 0x7362)
+        t2, t3 = prmt(x[2], x[3], 0x5140), prmt(x[2], x[3], 0x7362)
+        for j, reg, by in ((0, 2 * h, prmt(t0, t2, 0x5410)), (0, 2 * h + 1, prmt(t0, t2, 0x7632)),
+                           (1, 2 * h, prmt(t1, t3, 0x5410)), (1, 2 * h + 1, prmt(t1, t3, 0x7632))):
+            mt, row = 2 * tl + j, 16 * w4 + gq + 8 * (reg & 1)  # registers 0 / 2: row gq, 1 / 3: row gq + 8
+            dcol = c0 + 2 * j + (reg & 1)
+            assert col.setdefault((mt, row), dcol) == dcol, "an m-tile row of two value columns"
+            for bi in range(4):
+                kk = 16 * (reg >> 1) + 4 * cq + bi
+                assert (ks, mt, row, kk) not in seen, "V fragment element written twice"
+                seen.add((ks, mt, row, kk))
+                a[ks, mt, row, kk] = E4M3[by[bi]]
+    assert len(seen) == 2 * 8 * 64 * 32 and sorted(col.values()) == list(range(512)), "V fragments not covered once"
+    return a, col
+
+
+def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None, q8=False, pv8=False):
+    """One request through the kernel's maps (P hi / lo below min_keys keys; q8: FLASHMLA_FP8_Q=1; pv8:
+    FLASHMLA_FP8_PV=1, 16 rows): (out [m, 512], lse [m]) in float64."""
     nr = q.shape[0]
     if q8:
         tile, qmul = convert_q8(q, m, mut)
@@ -260,6 +325,7 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None, q8=False):
     o = np.zeros((512, nr))
     sig_prev = {w: 0.0 for w in range(4)}
     lo = L < min_keys
+    pv8 = pv8 and not lo and nr == 16
     for p, raw in enumerate(raw_pages):
         valid = L - 64 * p
         a = k_fragments(raw, mut)
@@ -283,6 +349,25 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None, q8=False):
         pv = hi + (f16(pt - hi) if lo else 0.0)
         lrow = lrow * al + pt.sum(0)
         mrow = mx
+        if pv8:
+            live = np.arange(64)[:, None] < valid
+            scl = np.where(live, sc, 0.0)
+            sig = {t: pow2_ceil(scl[:, t].max()) for t in range(4)}
+            fac = scl / np.array([sig[t] for t in range(4)])[None, :]
+            b8 = pv8_operands(pt, fac, nr, mut)
+            a8, vcol8 = v_fragments8(raw, valid, mut)
+            page = np.zeros((512, nr))
+            for mt, row in np.ndindex(8, 64):
+                page[vcol8[(mt, row)]] = sum(a8[ks, mt, row] @ b8[mt >> 1][ks] for ks in range(2))
+            v8 = np.where(live, np.array([[E4M3[b] for b in r[:512]] for r in raw]), 0.0)  # [64 keys, 512]
+            direct = np.stack([v8[:, c] @ e4m3_rn(pt * fac[:, c // 128:c // 128 + 1]) for c in range(512)])
+            assert np.allclose(page, direct, rtol=1e-12, atol=1e-300), "e4m3 P^T V through the maps != applied directly"
+            for w4 in range(4):
+                rho = sig_prev[w4] / sig[w4] if sig_prev[w4] > 0 else 1.0
+                rows = slice(128 * w4, 128 * w4 + 128)
+                o[rows] = o[rows] * al[None, :] * rho + page[rows]
+                sig_prev[w4] = sig[w4]
+            continue
         vcol, sig = v_fragments(raw, valid, mut)
         for w4 in range(4):
             rho = sig_prev[w4] / sig[w4] if sig_prev[w4] > 0 and mut != "no_sigma_rescale" else 1.0
@@ -302,7 +387,7 @@ def rf_attention(raw_pages, L, q, m, scale, min_keys, mut=None, q8=False):
     return out.T[:m], lse[:m]
 
 
-def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=None, q8=False):
+def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=None, q8=False, pv8=False):
     g = torch.Generator().manual_seed(seed)
     npg = (L + 63) // 64
     kc = torch.randn(npg * 64, 576, generator=g).to(torch.bfloat16)
@@ -320,14 +405,14 @@ def check_layout(L, m, seed, wide=False, min_keys=1024, nr=16, ramp=False, mut=N
         q = (q * torch.pow(2.0, torch.arange(nr) % 5 - 2.0)[:, None]).to(torch.bfloat16).double()
     scale = 576 ** -0.5
     raw = k8.numpy()
-    out, lse = rf_attention([raw[64 * p:64 * p + 64] for p in range(npg)], L, q.numpy(), m, scale, min_keys, mut, q8)
+    out, lse = rf_attention([raw[64 * p:64 * p + 64] for p in range(npg)], L, q.numpy(), m, scale, min_keys, mut, q8, pv8)
     kd = dequantize_kvcache(k8[:L], torch.float32).double()
     logits = (fp8_query(q[:m]).double() if q8 else q[:m]) @ kd.T * scale
     ref_lse = torch.logsumexp(logits, -1)
     ref = torch.softmax(logits, -1) @ kd[:, :512]
     assert np.isfinite(out).all(), "non-finite output"
     err = np.abs(out - ref.numpy()).max() / max(1e-30, np.abs(ref.numpy()).max())
-    assert err < 2e-3, f"out error {err:.2e} (L={L}, m={m})"
+    assert err < (0.1 if pv8 and L >= min_keys else 2e-3), f"out error {err:.2e} (L={L}, m={m})"
     lerr = np.abs(lse - ref_lse.numpy()).max()
     assert lerr < 1e-4, f"lse error {lerr:.2e}"
 
@@ -340,6 +425,10 @@ LAYOUT_CASES = [(100, 16, 1), (1, 5, 2), (64, 11, 3), (130, 16, 4, True), (70, 3
 # FLASHMLA_FP8_Q=1: both tiles, a tail, hi / lo P
 Q8_CASES = [(100, 16, 11), (130, 7, 12, True), (65, 32, 13, False, 1024, 32), (200, 20, 14, True, 0, 32)]
 Q8_MUTANTS = ("q8_halves_swapped", "q8_row_scale_of_row0", "k_tile_scales_shifted")
+# FLASHMLA_FP8_PV=1 (16 rows; min_keys 0: every request in e4m3 P^T): tails, wide scales (sigma per page and tile), a
+# rising max, with FP8_Q too
+PV8_CASES = [(100, 16, 21, False, 0), (130, 7, 22, True, 0), (1, 3, 23, False, 0), (300, 9, 24, False, 0, 16, True)]
+PV8_MUTANTS = ("pv8_pair_swapped", "pv8_planes_swapped", "pv8_v_key_order")
 LAYOUT_MUTANTS = ("q_pairs_swapped", "prmt_selectors", "v_rows_swapped", "k_tile_scales_shifted", "no_sigma_rescale",
                   "v_tail_scale_kept", "p_from_page_max")
 
@@ -443,14 +532,18 @@ def main(argv):
         check_layout(*case)
     for case in Q8_CASES:
         check_layout(*case, q8=True)
+    for case, q8 in itertools.product(PV8_CASES, (False, True)):
+        check_layout(*case, q8=q8, pv8=True)
     print("swapab_rf layout model: Q conversion and permutation, K and V fragments, per-tile scales, sigma, softmax, "
-          "epilogue, FP8_Q's e4m3 Q and K fragments == attention on dequantize_kvcache(k, float32)")
+          "epilogue, FP8_Q's e4m3 Q and K fragments, FP8_PV's e4m3 P^T planes and V fragments == attention on "
+          "dequantize_kvcache(k, float32)")
     print("swapab_rf protocol model ok:", check_protocol(trials), "random schedules, no deadlock, no race")
     if "--mutants" in argv:
         expect_caught(lambda mut: [check_layout(*c, mut=mut) for c in LAYOUT_CASES], LAYOUT_MUTANTS)
         expect_caught(lambda mut: [check_layout(*c, mut=mut, q8=True) for c in Q8_CASES], Q8_MUTANTS)
+        expect_caught(lambda mut: [check_layout(*c, mut=mut, pv8=True) for c in PV8_CASES], PV8_MUTANTS)
         expect_caught(lambda mut: check_protocol(trials, mut), PROTOCOL_MUTANTS)
-        print("all", len(LAYOUT_MUTANTS) + len(Q8_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
+        print("all", len(LAYOUT_MUTANTS) + len(Q8_MUTANTS) + len(PV8_MUTANTS) + len(PROTOCOL_MUTANTS), "mutants caught")
 
 
 if __name__ == "__main__":
