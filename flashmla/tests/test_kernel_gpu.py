@@ -730,6 +730,36 @@ def test_fp8_swapab_rf_fp8_pv_exact(h_q, s_q, fp8_q, min_keys, monkeypatch):
     assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()
 
 
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2)])
+@pytest.mark.parametrize("min_keys", ["0", "default"])
+def test_fp8_swapab_rf_fp8_pv_cuda_graph_replay(h_q, s_q, min_keys, monkeypatch):
+    """FLASHMLA_FP8_PV=1 captured in a CUDA graph and replayed with new lengths (0, tails inside a page; under the
+    default threshold the e4m3 / f16 choice of each request moves with its length, on the device), each replay against
+    the float32 reference on data the e4m3 P^T rounds nothing of (pow2_fp8_case)."""
+    need_kernel()
+    rf_env(monkeypatch, "auto")
+    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
+    if min_keys == "default":
+        monkeypatch.delenv("FLASHMLA_P_BF16_MIN_KEYS", raising=False)
+    else:
+        monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", min_keys)
+    batch, cap = 6, 4160
+    q, k8, bt, sl = pow2_fp8_case([cap] * batch, h_q, s_q, 41 + h_q)
+    static_sl = sl.clone()
+
+    def step():
+        meta, splits = flashmla.get_mla_metadata(static_sl, s_q * h_q, 1)
+        return flashmla.flash_mla_with_kvcache(q, k8, bt, static_sl, 512, meta, splits, softmax_scale=math.log(2),
+                                               causal=True, is_fp8_kvcache=True)
+
+    graph, (g_out, g_lse) = capture(step)
+    assert flashmla.api._C.last_kernel() == "swapab_rf"
+    kd = flashmla.dequantize_kvcache(k8, torch.float32)
+    check_replays(graph, g_out, g_lse, static_sl, cap,
+                  lambda: flashmla.mla_decode_ref(q, kd, bt, static_sl, 512, softmax_scale=math.log(2), causal=True),
+                  page_tails=True)
+
+
 @pytest.mark.parametrize("h_q,s_q", [(16, 1), (8, 2), (1, 1), (3, 5)])
 @pytest.mark.parametrize("data", ["randn", "wide", "jumpy"])
 def test_fp8_swapab_rf_fp8_pv_accuracy(h_q, s_q, data, monkeypatch):
