@@ -177,6 +177,8 @@ __device__ __forceinline__ uint32_t pow2_field_ceil(float x) {  // the least 2^k
   e = e < (1u << 23) ? (1u << 23) : e;
   return e > (253u << 23) ? (253u << 23) : e;
 }
+// 2^-k as a float from the field k << 23 of 2^k (k in [1, 253]): exact
+__device__ __forceinline__ float pow2_field_inverse(uint32_t field) { return __uint_as_float((254u << 23) - field); }
 // query column k = 0..NR / 4 - 1 of this thread (lane & 3 = cq): row n of the request's NR
 __device__ __forceinline__ int rf_col(int k, int cq) { return 8 * (k >> 1) + 2 * cq + (k & 1); }
 
@@ -505,7 +507,7 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
     const uint32_t tok0 = c.uRaw + s * RF_PAGE + (16 * w4 + gq) * RF_TOKEN, tok1 = tok0 + 8 * RF_TOKEN;
     // ---- S^T per scale tile and of RoPE; the keys' tile scales
     float st[4][NR / 2], sr[NR / 2];
-    uint4 r[2];
+    uint4 r[2] = {};  // (set by the issue call before scale_max runs; zeroed for the compiler's flow check)
     const int key0 = blk * PAGE + w4 * 16 + gq;
     // RF_P_E4M3, while S's wgmmas run: the warp's largest live scale of each tile (0 past the length, where the bytes
     // are NaN; compared as unsigned words: the order of non-negative floats) into sSmx
@@ -552,7 +554,7 @@ __device__ __forceinline__ void rf_s_request(const DecodeArgs& a, const RfCta<NR
       sfield[2] = pow2_field_ceil(__uint_as_float(m4.z)), sfield[3] = pow2_field_ceil(__uint_as_float(m4.w));
 #pragma unroll
       for (int tl = 0; tl < 4; ++tl) {
-        const float inv_sig = __uint_as_float((254u << 23) - sfield[tl]);
+        const float inv_sig = pow2_field_inverse(sfield[tl]);
         fac[0][tl] = key0 < w.L ? sc[0][tl] * inv_sig : 0.f, fac[1][tl] = key0 + 8 < w.L ? sc[1][tl] * inv_sig : 0.f;
       }
     }
@@ -681,7 +683,7 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta<NR
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const uint32_t sfield = pow2_field_ceil(mx);  // sigma of this page and tile
-    const float inv_sig = __uint_as_float((254u << 23) - sfield);
+    const float inv_sig = pow2_field_inverse(sfield);
     uint32_t fac[4][2];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
@@ -870,7 +872,7 @@ __device__ __forceinline__ void rf_v_request_e4m3(const DecodeArgs& a, const RfC
 #pragma unroll
     for (int tl = 0; tl < 4; ++tl) {
       const float sg = c.sSig[par * 4 + tl];  // a power of two: 1 / sg and the ratio are exact
-      rho[tl] = sig[tl] > 0.f ? sig[tl] * __uint_as_float((254u << 23) - __float_as_uint(sg)) : 1.f;
+      rho[tl] = sig[tl] > 0.f ? sig[tl] * pow2_field_inverse(__float_as_uint(sg)) : 1.f;
       sig[tl] = sg;
       rescale |= rho[tl] != 1.f;
     }

@@ -678,6 +678,17 @@ def test_fp8_swapab_rf_fp8_query(h_q, s_q, data, monkeypatch):
         flashmla.flash_mla_with_kvcache(q, k8, bt, sl, 512, meta, splits, is_fp8_kvcache=True)
 
 
+def fp8_pv_env(monkeypatch, min_keys):
+    """The register-fed kernel under auto with FLASHMLA_FP8_PV=1: e4m3 P^T for requests of at least min_keys keys
+    (FLASHMLA_P_BF16_MIN_KEYS; "default": unset, 1024)."""
+    rf_env(monkeypatch, "auto")
+    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
+    if min_keys == "default":
+        monkeypatch.delenv("FLASHMLA_P_BF16_MIN_KEYS", raising=False)
+    else:
+        monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", min_keys)
+
+
 def pow2_fp8_case(lens, h_q, s_q, seed):
     """Inputs on which FLASHMLA_FP8_PV=1 rounds nothing (with softmax_scale = ln 2): Q's only nonzeros are -1, 0 or 1 in
     three NoPE columns of tile 0, where K holds -1, 0 or 1 at scale 1, so every logit is an integer in [-3, 3] and P
@@ -711,13 +722,8 @@ def test_fp8_swapab_rf_fp8_pv_exact(h_q, s_q, fp8_q, min_keys, monkeypatch):
     shows. Every request in e4m3 (P_BF16_MIN_KEYS=0), or only those of >= 1024 keys beside exact f16 P (the default);
     tails of 1 and 63 tokens, a zero-length request, one split over several parts; 17 rows keep f16 P."""
     need_kernel()
-    rf_env(monkeypatch, "auto")
-    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
+    fp8_pv_env(monkeypatch, min_keys)
     monkeypatch.setenv("FLASHMLA_FP8_Q", fp8_q)
-    if min_keys == "default":
-        monkeypatch.delenv("FLASHMLA_P_BF16_MIN_KEYS", raising=False)
-    else:
-        monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", min_keys)
     lens = [4097, 0, 64, 1, 2000, 65, 1023, 130, 127, 30000]
     q, k8, bt, sl = pow2_fp8_case(lens, h_q, s_q, 31 * h_q + s_q)
     meta, splits = flashmla.get_mla_metadata(sl, s_q * h_q, 1)
@@ -737,12 +743,7 @@ def test_fp8_swapab_rf_fp8_pv_cuda_graph_replay(h_q, s_q, min_keys, monkeypatch)
     default threshold the e4m3 / f16 choice of each request moves with its length, on the device), each replay against
     the float32 reference on data the e4m3 P^T rounds nothing of (pow2_fp8_case)."""
     need_kernel()
-    rf_env(monkeypatch, "auto")
-    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
-    if min_keys == "default":
-        monkeypatch.delenv("FLASHMLA_P_BF16_MIN_KEYS", raising=False)
-    else:
-        monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", min_keys)
+    fp8_pv_env(monkeypatch, min_keys)
     batch, cap = 6, 4160
     q, k8, bt, sl = pow2_fp8_case([cap] * batch, h_q, s_q, 41 + h_q)
     static_sl = sl.clone()
@@ -768,9 +769,7 @@ def test_fp8_swapab_rf_fp8_pv_accuracy(h_q, s_q, data, monkeypatch):
     scale over sigma to 3 mantissa bits allows (relative error <= 2^-4 each, ~2.5 % rms): ||out - ref|| < 0.05
     ||ref|| and 1 - cosine < 2e-3 (measured: flashmla/benchmarks/fp8_query_accuracy.py, BENCHMARKS.md)."""
     need_kernel()
-    rf_env(monkeypatch, "auto")
-    monkeypatch.setenv("FLASHMLA_FP8_PV", "1")
-    monkeypatch.setenv("FLASHMLA_P_BF16_MIN_KEYS", "0")
+    fp8_pv_env(monkeypatch, "0")
     q, kc, k8, bt, sl = rf_data_case(h_q, s_q, data, 37 * h_q + s_q, 7)
     out, lse = run(q, k8, bt, sl, s_q > 1, fp8=True)
     ro, rl = flashmla.mla_decode_ref(q, flashmla.dequantize_kvcache(k8, torch.float32), bt, sl, 512, causal=s_q > 1)
