@@ -4,8 +4,9 @@
 # B is the working tree, built and installed as usual. Each subdirectory V of VARIANTS_DIR holds replacement files
 # for flashmla/csrc/, each named as the file it replaces (checked: another name would be an unbuilt extra file);
 # the variants are built in parallel, each into /tmp/ab/V. Then bench_decode.py with the given arguments runs
-# under B and each variant in turn for ROUNDS rounds (default 2; BENCH_FIXED as in ab_builds.sh), each table's rows
-# printed. Logs: OUTDIR/build_*.log, OUTDIR/bench_<variant>_<round>.log.
+# under B and each variant in turn for ROUNDS rounds (default 2; BENCH_FIXED, by default --no-peers --rounds 2 --fp8
+# --fp8-only --kernels auto, is set here), each table's rows printed. TESTK set: B's GPU tests of test_kernel_gpu.py
+# matching it run first (tests_B.log). Logs: OUTDIR/build_*.log, OUTDIR/bench_<variant>_<round>.log.
 set -u
 OUT=$1 VDIR=$2; shift 2
 VARS=()
@@ -25,6 +26,11 @@ for v in "${VARS[@]}"; do
 done
 wait
 echo "builds done: B ${VARS[*]}"
+if [ -n "${TESTK:-}" ]; then
+  timeout 200 python3 -m pytest flashmla/tests/test_kernel_gpu.py -m gpu -q -p no:cacheprovider -k "$TESTK" \
+    > "$OUT/tests_B.log" 2>&1
+  echo "tests B rc=$? $(tail -1 "$OUT/tests_B.log")"; grep -E "^(FAILED|E  )" "$OUT/tests_B.log" | head -10
+fi
 for r in $(seq 1 "${ROUNDS:-2}"); do for v in B "${VARS[@]}"; do
   if [ "$v" = B ]; then unset PYTHONPATH; else export PYTHONPATH="/tmp/ab/$v"; fi
   timeout 150 python3 flashmla/benchmarks/bench_decode.py ${BENCH_FIXED:---no-peers --rounds 2 --fp8 --fp8-only --kernels auto} "$@" \

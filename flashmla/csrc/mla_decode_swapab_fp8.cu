@@ -158,6 +158,7 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
   const int64_t stride = BF ? (int64_t)TILE : a.kcache_block_stride;
   constexpr uint32_t page_bytes = BF ? TILE : SAB_PAGE;
   int slot = 0, phase = 0, it = 0, qn = 0;
+  const uint64_t pol = l2_policy_evict_first();
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
@@ -171,13 +172,13 @@ __device__ __forceinline__ void sab_producer(const DecodeArgs& a, const SabCta<N
         const int s = it & 1;
         mbar_wait(c.empty(s), ((it >> 1) & 1) ^ 1);  // the consumer is done with page it - 2
         mbar_expect_tx(c.full(s), TILE);
-        for (int j = 0; j < NSLAB; ++j) tma_load_2d(c.uK + s * TILE + j * SLAB, tmK, j * 64, bt[blk] * PAGE, c.full(s));
+        for (int j = 0; j < NSLAB; ++j) tma_load_2d_hint(c.uK + s * TILE + j * SLAB, tmK, j * 64, bt[blk] * PAGE, c.full(s), pol);
       } else {
         const uint8_t* page = kc8 + (int64_t)bt[blk] * stride;
         for (int q = 0; q < PAGE / CH_TOK; ++q) {
           mbar_wait(c.raw_empty(slot), phase ^ 1);
           mbar_expect_tx(c.raw_full(slot), CH_BYTES);
-          bulk_copy(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot));
+          bulk_copy_hint(c.uRaw + slot * CH_BYTES, page + q * CH_BYTES, CH_BYTES, c.raw_full(slot), pol);
           if (++slot == SabLayout<NR>::NCH) slot = 0, phase ^= 1;
         }
       }

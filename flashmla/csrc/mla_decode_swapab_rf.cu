@@ -189,6 +189,7 @@ __device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta<NR>
   const uint8_t* kc8 = static_cast<const uint8_t*>(a.kcache);
   const uint8_t* q8 = static_cast<const uint8_t*>(a.q);
   int it = 0;
+  const uint64_t pol = l2_policy_evict_first();
   for (int b = c.b0; b <= c.last && b < a.batch; ++b) {
     const Work w = request_work(a, b, c.b0, c.k0, c.b1, c.k1, c.first);
     if (w.split && w.g >= a.batch + a.parts) break;
@@ -201,7 +202,7 @@ __device__ __forceinline__ void rf_producer(const DecodeArgs& a, const RfCta<NR>
       const int s = it % L::SLOTS;
       mbar_wait(c.raw_empty(s), ((it / L::SLOTS) & 1) ^ 1);
       mbar_expect_tx(c.raw_full(s), RF_PAGE);
-      bulk_copy(c.uRaw + s * RF_PAGE, kc8 + (int64_t)bt[blk] * RF_PAGE, RF_PAGE, c.raw_full(s));
+      bulk_copy_hint(c.uRaw + s * RF_PAGE, kc8 + (int64_t)bt[blk] * RF_PAGE, RF_PAGE, c.raw_full(s), pol);
       // the request's Q rows into L2 after its first page (WG0 reads them from global memory)
       if (blk == w.kbeg) prefetch_l2_bulk(q8 + (int64_t)b * c.m * (D_QK * 2), c.m * (D_QK * 2));
     }
