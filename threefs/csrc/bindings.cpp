@@ -429,6 +429,12 @@ PYBIND11_MODULE(_C, m) {
           [](ChunkEngine& e, py::bytes id, uint64_t ver) { return e.abort(std::string(id), ver); },
           py::arg("chunk_id"), py::arg("ver"))
       .def(
+          "reserve", [](ChunkEngine& e, py::bytes id, uint64_t n) { e.reserve(std::string(id), n); },
+          py::arg("chunk_id"), py::arg("new_size"))
+      .def(
+          "unreserve", [](ChunkEngine& e, py::bytes id) { e.unreserve(std::string(id)); },
+          py::arg("chunk_id"))
+      .def(
           "meta",
           [](ChunkEngine& e, py::bytes id) -> py::object {
             auto m = e.meta(std::string(id));

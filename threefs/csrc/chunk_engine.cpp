@@ -478,16 +478,27 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   } else {
     for (auto& p : parts) crc = crc32c(crc, p.first, p.second);
   }
+  // the new file's bytes are claimed at the check (a reservation of this chunk's taken over), so that concurrent
+  // updates of other chunks cannot all pass it and overfill the target
+  const uint64_t claim = file_bytes(new_size);
   {
     std::lock_guard<std::mutex> g(mu_);
     uint64_t old_pending = m.pending_ver ? file_bytes(m.pending_size) : 0;
-    if (used_ - old_pending + file_bytes(new_size) > capacity_)
+    used_ -= take_reserved_locked(id);
+    if (used_ - old_pending + claim > capacity_)
       throw IoError(ENOSPC, "no space left on the storage target (capacity " +
                                 std::to_string(capacity_) + " bytes)");
+    used_ += claim;
   }
-  write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc,
-             table.empty() ? nullptr : &table,
-             m.pending_ver ? int64_t(file_bytes(m.pending_size)) : -2);
+  try {
+    write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc,
+               table.empty() ? nullptr : &table,
+               m.pending_ver ? int64_t(file_bytes(m.pending_size)) : -2);
+  } catch (...) {
+    std::lock_guard<std::mutex> g(mu_);
+    used_ -= claim;
+    throw;
+  }
   maybe_crash("after_pending_rename");
   std::lock_guard<std::mutex> g(mu_);
   ChunkMeta& cur = chunks_[id];
@@ -496,8 +507,32 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   cur.pending_size = static_cast<uint32_t>(new_size);
   cur.pending_crc = crc;
   cur.chain_ver = chain_ver;
-  used_ += file_bytes(new_size);
   return cur;
+}
+
+uint64_t ChunkEngine::take_reserved_locked(const std::string& id) {
+  auto it = reserved_.find(id);
+  if (it == reserved_.end()) return 0;
+  uint64_t bytes = it->second;
+  reserved_.erase(it);
+  return bytes;
+}
+
+void ChunkEngine::reserve(const std::string& id, uint64_t new_size) {
+  std::lock_guard<std::mutex> g(mu_);
+  used_ -= take_reserved_locked(id);
+  auto it = chunks_.find(id);
+  uint64_t old_pending = it != chunks_.end() && it->second.pending_ver ? file_bytes(it->second.pending_size) : 0;
+  const uint64_t claim = file_bytes(new_size);
+  if (used_ - old_pending + claim > capacity_)
+    throw IoError(ENOSPC, "no space left on the storage target (capacity " + std::to_string(capacity_) + " bytes)");
+  used_ += claim;
+  reserved_[id] = claim;
+}
+
+void ChunkEngine::unreserve(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  used_ -= take_reserved_locked(id);
 }
 
 bool ChunkEngine::commit(const std::string& id, uint64_t ver) {

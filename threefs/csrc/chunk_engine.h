@@ -87,6 +87,11 @@ class ChunkEngine {
   void close_span(Span* span);
   // Drop pending version `ver` (a successor refused it). Returns false if it is not pending.
   bool abort(const std::string& id, uint64_t ver);
+  // Take the space of a new pending version of `id` of new_size bytes now (IoError ENOSPC if it does not fit),
+  // before the write goes on down the chain: a write this target cannot hold then fails before any successor
+  // applies it. The next update() of `id` uses it; unreserve() gives back what no update used (no-op otherwise).
+  void reserve(const std::string& id, uint64_t new_size);
+  void unreserve(const std::string& id);
   std::optional<ChunkMeta> meta(const std::string& id);
   std::vector<std::pair<std::string, ChunkMeta>> list(const std::string& prefix, size_t limit);
   bool remove(const std::string& id);
@@ -149,7 +154,9 @@ class ChunkEngine {
   std::string crash_point_;
   std::mutex mu_;
   std::map<std::string, ChunkMeta> chunks_;
+  std::map<std::string, uint64_t> reserved_;  // reserve()d bytes per chunk, counted in used_
   uint64_t used_ = 0;
+  uint64_t take_reserved_locked(const std::string& id);  // a chunk's reservation, out of used_ and the map
 };
 
 }  // namespace threefs

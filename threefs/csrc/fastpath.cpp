@@ -587,10 +587,25 @@ int FastPath::forward_around(const std::string& addr, const std::string& fwd, co
   return 0;
 }
 
+namespace {
+// The space of a chunk's new pending version taken before the write is forwarded (ChunkEngine::reserve: a write this
+// target cannot hold fails before a successor applies it), and what the local update did not use given back
+struct Reserved {
+  ChunkEngine* e;
+  const std::string& id;
+  Reserved(ChunkEngine* eng, const std::string& cid, uint64_t n) : e(eng), id(cid) { e->reserve(id, n); }
+  ~Reserved() { e->unreserve(id); }
+};
+
+// A successor's refusal that no retry changes: the version is dropped on the way back up the chain
+bool refused_for_good(const std::string& code) { return code == "ENOSPC" || code == "EINVAL" || code == "EFBIG"; }
+}  // namespace
+
 int FastPath::head_write(int64_t tid, int64_t chain, uint64_t chain_ver, const std::string& cid,
                          uint64_t ver, const char* data, size_t len, uint32_t crc,
                          const uint32_t* blocks, const std::string& succ_addr, std::string* err) {
   ChunkEngine* eng = engines_.at(tid);
+  Reserved r(eng, cid, len);
   return forward_around(succ_addr, fwd_meta(chain, chain_ver, cid, ver, crc), data, len, [&] {
     eng->update(cid, ver, chain_ver, 0, data, len, -1, false, blocks, crc);
   }, err);
@@ -654,14 +669,19 @@ int FastPath::try_fwd(int fd, const uint8_t key[32], const uint8_t* hdr, const s
     };
     int st = 0;
     std::string err;
-    if (ci.succ_addr.empty())
+    if (ci.succ_addr.empty()) {
       apply();
-    else
+    } else {
+      Reserved r(eng, cid, len);
       st = forward_around(ci.succ_addr, fwd_meta(chain, cv, cid, ver, uint32_t(crc)), data, len,
                           apply, &err);
+    }
     if (st == 2) {
       answer = err_json("RETRY", "successor unreachable: " + err);
     } else if (st == 1) {
+      JObj a;
+      parse_obj(err, &a);
+      if (refused_for_good(a["err"].s)) eng->abort(cid, ver);
       answer = std::move(err);  // the successor's error, passed up unchanged
     } else {
       auto cur = eng->meta(cid);
@@ -731,6 +751,7 @@ int FastPath::try_write(int fd, const uint8_t key[32], const uint8_t gkey[16], c
     uint32_t crc = crc32c_blocks(data, len, blocks.data());
     try {
       std::string err;
+      Reserved r(eng, cid, len);
       int st = forward_around(ci.succ_addr, fwd_meta(chain, cv, cid, ver, crc), data, len, [&] {
         eng->update(cid, ver, cv, 0, data, len, -1, false, blocks.data(), crc);
       }, &err);
@@ -740,9 +761,7 @@ int FastPath::try_write(int fd, const uint8_t key[32], const uint8_t gkey[16], c
       } else if (st == 1) {
         JObj a;
         parse_obj(err, &a);
-        const std::string& code = a["err"].s;
-        if (code == "ENOSPC" || code == "EINVAL" || code == "EFBIG")
-          eng->abort(cid, ver);  // refused downstream for good: nothing was applied
+        if (refused_for_good(a["err"].s)) eng->abort(cid, ver);
         answer = std::move(err);
       } else {
         eng->commit(cid, ver);

@@ -173,6 +173,33 @@ def test_capacity_enospc_keeps_data(tmp_path):
     assert not [n for _, _, fs in os.walk(tmp_path) for n in fs if n.endswith(".tmp")]
 
 
+def test_reserve_takes_the_space_before_the_write(tmp_path):
+    """reserve() counts a new version's bytes at once (ENOSPC when they do not fit, nothing taken), the chunk's next
+    update uses them instead of taking them again, and unreserve() gives back what no update used."""
+    e = ChunkEngine(tmp_path, capacity_bytes=3 * 1024, max_chunk_size=CS)
+    a, b = chunk_id(2, 0), chunk_id(2, 1)
+    e.reserve(a, 1000)
+    held = e.used_bytes()
+    assert held > 1000
+    with pytest.raises(OSError) as ei:
+        e.reserve(b, 2000)  # another chunk's write no longer fits beside the reservation
+    assert ei.value.errno == 28 and e.used_bytes() == held
+    with pytest.raises(OSError):
+        e.update(b, 1, 1, 0, b"s" * 2000)
+    assert e.used_bytes() == held and e.meta(b) is None
+    e.update(a, 1, 1, 0, b"q" * 1000)  # takes the reserved bytes, not more
+    assert e.used_bytes() == held
+    e.unreserve(a)  # nothing left to give back
+    assert e.used_bytes() == held
+    e.reserve(b, 500)
+    e.unreserve(b)  # unused: given back
+    assert e.used_bytes() == held
+    e.reserve(a, 1500)  # a second version of a while the first is pending: the pending one's bytes count as freed
+    e.unreserve(a)
+    e.commit(a, 1)
+    assert e.read(a) == b"q" * 1000 and e.used_bytes() == held
+
+
 @pytest.mark.parametrize("point,expect_new", [
     ("after_data_write", False), ("after_pending_rename", False),
     ("before_commit_rename", False), ("after_commit_rename", True)])

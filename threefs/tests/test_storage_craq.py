@@ -16,7 +16,7 @@ from threefs.storage_client import StorageClient
 SECRET = "craq-test-secret"
 
 
-def make_cluster(tmp_path, capacity=1 << 30, **node_cfg):
+def make_cluster(tmp_path, capacity=1 << 30, capacities=None, **node_cfg):
     m_addr = f"127.0.0.1:{free_port()}"
     targets = {"11": "n1", "12": "n2", "13": "n3"}
     mg = Mgmtd({"node_id": "m1", "listen": m_addr, "secret": SECRET,
@@ -28,7 +28,8 @@ def make_cluster(tmp_path, capacity=1 << 30, **node_cfg):
         nodes.append(StorageNode({
             "node_id": f"n{i}", "listen": "127.0.0.1:0", "secret": SECRET, "mgmtd": [m_addr],
             "heartbeat_s": 0.1, "max_chunk_size": 1 << 20,
-            "targets": [{"id": 10 + i, "path": str(tmp_path / f"t{i}"), "capacity": capacity}],
+            "targets": [{"id": 10 + i, "path": str(tmp_path / f"t{i}"),
+                         "capacity": capacities[i - 1] if capacities else capacity}],
             **node_cfg}).start())
     rc = rpc.Client(SECRET)
     end = time.time() + 20
@@ -172,6 +173,40 @@ def test_enospc_is_clear_and_nothing_corrupted(tmp_path):
         for n in nodes:
             n.stop()
         mg.stop()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("full_target", [0, 1, 2])
+def test_enospc_on_one_target_leaves_replicas_identical(tmp_path, full_target, fast_path):
+    """A full-chunk write that one target of the chain cannot hold (head, middle or tail) fails with ENOSPC and
+    leaves no replica holding it, pending or committed: each target takes the write's space before the bytes go
+    on down the chain, and one refused downstream is dropped on the way back up. The chunk's old content stays
+    readable from every target."""
+    caps = [1 << 20] * 3
+    caps[full_target] = 500_000
+    mg, nodes, sc, rc = make_cluster(tmp_path, capacities=caps, fast_path=fast_path)
+    try:
+        cid, other = chunk_id(51, 0), chunk_id(51, 1)
+        old = os.urandom(200_000)
+        sc.write_chunk(1, cid, 0, old)
+        sc.write_chunk(1, other, 0, os.urandom(200_000))
+        for _ in range(3):  # (retried: the same refusal each time)
+            with pytest.raises(OSError) as ei:
+                sc.write_chunk(1, cid, 0, os.urandom(300_000))  # 200 + 200 + 300 KB > 500 KB on one target
+            assert ei.value.errno == 28
+        ms = replica_metas(nodes, cid)
+        assert all(m == ms[0] for m in ms), ms
+        assert ms[0]["pending_ver"] == 0 and ms[0]["committed_ver"] == 1
+        chain = sc.routing.chain(1)
+        for n in nodes:
+            assert bytes(direct_read(rc, n, chain, cid)[1]) == old
+        used = [n.engines[10 + i].used_bytes() for i, n in enumerate(nodes, 1)]
+        assert used == [used[0]] * 3  # no space left taken by a reservation or a dropped version
+    finally:
+        for n in nodes:
+            n.stop()
+        mg.stop()
+        rc.close()
 
 
 def test_zero_copy_reads_checked_by_client_and_repaired(craq):

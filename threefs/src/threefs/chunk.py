@@ -99,6 +99,14 @@ class ChunkEngine:
         """Drop pending version `ver`."""
         return self._e.abort(_check_id(chunk_id), ver)
 
+    def reserve(self, chunk_id: bytes, new_size: int) -> None:
+        """Take the space of a new pending version of new_size bytes now (OSError ENOSPC if it does not fit), before
+        the write goes on down the chain; the chunk's next update uses it, unreserve gives back what none used."""
+        self._e.reserve(_check_id(chunk_id), new_size)
+
+    def unreserve(self, chunk_id: bytes) -> None:
+        self._e.unreserve(_check_id(chunk_id))
+
     def meta(self, chunk_id: bytes):
         return self._e.meta(_check_id(chunk_id))
 

@@ -211,21 +211,28 @@ class StorageNode:
     def _local_and_forward(self, local, chain, tid, cid, ver, data, crc):
         """Full-chunk write: send it to the successor first (the socket takes the whole frame
         without blocking), apply it locally while the successor works, then wait for its ack.
-        Both must succeed. One thread: no hand-off to a helper thread and back."""
+        Both must succeed. One thread: no hand-off to a helper thread and back. The local space
+        is taken before anything is sent (ChunkEngine.reserve), so that a write this target
+        cannot hold is refused before a successor applies (and the tail commits) it."""
         succ, _ = self._successor(chain, tid)
         addr = self.routing.addr_of(succ["id"])
         if addr is None:
             raise ConnectionError(f"no address for target {succ['id']}")
         args = {"chain": chain["id"], "chain_ver": chain["ver"], "chunk": cid.hex(), "ver": ver,
                 "offset": 0, "truncate_to": -1, "crc": crc, "full": True}
-        pending = self.rpc.start(addr, "fwd", args, data, crc=None if self.fwd_mac else crc)
+        eng = self.engines[tid]
+        eng.reserve(cid, len(data))
         try:
-            out = local()
-        except BaseException:
-            pending.cancel()
-            raise
-        pending.finish()
-        return out
+            pending = self.rpc.start(addr, "fwd", args, data, crc=None if self.fwd_mac else crc)
+            try:
+                out = local()
+            except BaseException:
+                pending.cancel()
+                raise
+            pending.finish()
+            return out
+        finally:
+            eng.unreserve(cid)  # (a no-op once the local update used it)
 
     def _write(self, args, data):
         tid, chain = self._my(args)
@@ -299,6 +306,10 @@ class StorageNode:
                 else:
                     self._apply(tid, chain, cid, ver, off, trunc, data, crc, full, sums)
                     self._forward(chain, tid, cid, ver, off, trunc, data, crc)
+            except rpc.RpcError as e:
+                if e.code in ("ENOSPC", "EINVAL", "EFBIG"):
+                    self.engines[tid].abort(cid, ver)  # refused downstream for good: drop it here too
+                raise
             except ConnectionError as e:
                 raise rpc.RpcError("RETRY", f"successor unreachable: {e}")
             m = self.engines[tid].meta(cid)
