@@ -339,6 +339,14 @@ __device__ __forceinline__ uint64_t rf_q_desc(uint64_t dq, int kk) {
   return dq + (((kk >> 2) * RfLayout<NR>::QSLAB + (kk & 3) * 32) >> 4);
 }
 
+// S^T's accumulators (the four scale tiles' and RoPE's) pinned in place around wgmma issues and waits
+template <int NR>
+__device__ __forceinline__ void fence_s(float (&st)[4][NR / 2], float (&sr)[NR / 2]) {
+#pragma unroll
+  for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
+  fence_regs(sr);
+}
+
 // RoPE's A fragments of k-steps 32..35 (bf16 as stored) from the raw keys tok0 / tok1
 __device__ __forceinline__ void rf_load_rope(uint32_t tok0, uint32_t tok1, int cq, uint32_t (&f)[4][4]) {
 #pragma unroll
@@ -372,9 +380,7 @@ __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq
     fence_u32(ak[half]);
   };
   auto issue = [&](int half) {
-#pragma unroll
-    for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
-    fence_regs(sr);
+    fence_s<NR>(st, sr);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -414,9 +420,7 @@ __device__ __forceinline__ void rf_issue_s8(uint32_t tok0, uint32_t tok1, int cq
   wgmma_commit();
   during();
   wgmma_wait0();
-#pragma unroll
-  for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
-  fence_regs(sr);
+  fence_s<NR>(st, sr);
 }
 
 // S^T of one page into st (per scale tile) and sr (RoPE) from this thread's raw keys tok0 / tok1 (committed and
@@ -454,9 +458,7 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
 #pragma unroll
     for (int bt = 0; bt < 8; ++bt) fence_u32(ak[bt]);
     fence_u32(ar);
-#pragma unroll
-    for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
-    fence_regs(sr);
+    fence_s<NR>(st, sr);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D_QK / 16; ++kk) mma(kk, kk < 32 ? ak[kk >> 2][kk & 3] : ar[kk - 32]);
@@ -471,9 +473,7 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
       if (bt < 8) nope(bt >> 1, bt & 1, fb);
       else rope(fb);
       fence_u32(fb);
-#pragma unroll
-      for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
-      fence_regs(sr);
+      fence_s<NR>(st, sr);
       wgmma_fence();
 #pragma unroll
       for (int q = 0; q < 4; ++q) mma(4 * bt + q, fb[q]);
@@ -482,9 +482,7 @@ __device__ __forceinline__ void rf_issue_s(uint32_t tok0, uint32_t tok1, int cq,
   }
   during();
   wgmma_wait0();
-#pragma unroll
-  for (int tl = 0; tl < 4; ++tl) fence_regs(st[tl]);
-  fence_regs(sr);
+  fence_s<NR>(st, sr);
 }
 
 template <int NR, RfP PM, bool Q8>
