@@ -118,6 +118,10 @@ GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
 SFA_ONCE_MIN_KB = 32
+# DEEPGEMM_L2_HINT=1 (tuning, off by default): B's TMA boxes carry an L2 evict_first hint in every kernel, so that B, read
+# once at small M, leaves the L2 before what is read again (A, the scales, split-K's partials). flashmla's page loads
+# gained 1.02-1.04x so at batch 64 (its BENCHMARKS.md, session 39); not yet measured here.
+L2_HINT_DEFAULT = "0"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -159,6 +163,7 @@ class Config:
     gemv: int = 0  # 1 / 2 (FP8 dense, M <= 8 * gemv): the small-M kernel (sm90_gemv.cuh); bm = 8 * gemv, bn = 16
     gemv_ks: int = 0  # its K slices per 16 rows of B (1, 2, 4 or 8)
     sfa_rows: int = 0  # > 0 (FP8 dense, M <= sfa_rows): A's scales of all rows and K blocks loaded once per CTA
+    l2b: int = 0  # 1: B's TMA loads with an L2 evict_first hint (DEEPGEMM_L2_HINT; the source defines DG_L2_EVICT_FIRST_B)
 
     @property
     def threads(self) -> int:
@@ -479,7 +484,8 @@ def make_config(kind: str, fp8: bool, d: torch.Tensor, c, n: int, k: int, m_hint
                         os.environ.get("DEEPGEMM_GEMV", GEMV_DEFAULT),
                         os.environ.get("DEEPGEMM_GEMV_KS", ""),
                         os.environ.get("DEEPGEMM_STAGES", ""),
-                        os.environ.get("DEEPGEMM_SFA_ONCE", SFA_ONCE_DEFAULT))
+                        os.environ.get("DEEPGEMM_SFA_ONCE", SFA_ONCE_DEFAULT),
+                        os.environ.get("DEEPGEMM_L2_HINT", L2_HINT_DEFAULT))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -488,7 +494,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                  mcast_env=MULTICAST_DEFAULT, blocks_env="", bn256_env=BN256_DEFAULT,
                  tstore_env=TMA_STORE_DEFAULT, min_sms_env=MIN_SMS_DEFAULT, split_k_env=SPLIT_K_DEFAULT,
                  pdl_env=PDL_DEFAULT, gemv_env=GEMV_DEFAULT, gemv_ks_env="", stages_env="",
-                 sfa_once_env=SFA_ONCE_DEFAULT) -> Config:
+                 sfa_once_env=SFA_ONCE_DEFAULT, l2_hint_env=L2_HINT_DEFAULT) -> Config:
     if gemv_env not in ("0", "1", "auto"):
         raise ValueError(f"DEEPGEMM_GEMV: expected 0, 1 or auto, got {gemv_env!r}")
     cfg = _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
@@ -504,7 +510,9 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                      gemv_stages(mt, k, ks), gemv=mt, gemv_ks=ks)
     if pdl_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
-    return replace(cfg, pdl=int(pdl_env))
+    if l2_hint_env not in ("0", "1"):
+        raise ValueError(f"DEEPGEMM_L2_HINT: expected 0 or 1, got {l2_hint_env!r}")
+    return replace(cfg, pdl=int(pdl_env), l2b=int(l2_hint_env))
 
 
 def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
@@ -633,13 +641,18 @@ def _source_fields(cfg: Config) -> dict:
     default kernels' first line as before)."""
     return {k: v for k, v in asdict(cfg).items()
             if k not in ("min_sms", "pdl")
-            and not (k in ("tstore", "rs", "splitk", "gemv", "gemv_ks", "sfa_rows") and v == 0)}
+            and not (k in ("tstore", "rs", "splitk", "gemv", "gemv_ks", "sfa_rows", "l2b") and v == 0)}
+
+
+def _defines(cfg: Config) -> str:
+    """Preprocessor switches the headers read ahead of them (none for the default kernels)."""
+    return "#define DG_L2_EVICT_FIRST_B 1\n" if cfg.l2b else ""
 
 
 def gemv_source(cfg: Config) -> str:
     return (
         f"// deepgemm kernel {_source_fields(cfg)}\n"
-        + compiler.read_header() + "\n" + compiler.read_header("deepgemm/sm90_gemv.cuh")
+        + _defines(cfg) + compiler.read_header() + "\n" + compiler.read_header("deepgemm/sm90_gemv.cuh")
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, {GEMV_CTAS_PER_SM}) deepgemm_kernel(\n'
         "    const __grid_constant__ dg::TmaDesc tma_a, const __grid_constant__ dg::TmaDesc tma_b,\n"
         "    const __grid_constant__ dg::TmaDesc tma_sfa, const float* sfb, void* d, const void* c, int M) {\n"
@@ -666,7 +679,7 @@ def kernel_source(cfg: Config) -> str:
         mma_n = 128 if cfg.fp8 and cfg.bn == BLOCK_N_FP8_WIDE else cfg.bn  # FP8 BN = 256: m64n128 WGMMAs per half
     return (
         f"// deepgemm kernel {_source_fields(cfg)}\n"
-        + headers
+        + _defines(cfg) + headers
         + "\n" + wgmma_specialisation(mma_n, cfg.fp8)
         + (wgmma_rs_specialisation(mma_n) if cfg.rs else "")
         + f'\nextern "C" __global__ void __launch_bounds__({cfg.threads}, 1)'

@@ -54,6 +54,24 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* desc, u32 ba
                " [%0], [%1, {%3, %4}], [%2];"
                :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
+// B's boxes: under DG_L2_EVICT_FIRST_B (DEEPGEMM_L2_HINT=1, defined by the JIT) with an L2 evict_first hint, so that
+// B, read once at small M, leaves the L2 before what is read again (A, the scales, split-K's partials); else plain
+__device__ __forceinline__ u64 l2_policy_b() {
+  u64 p = 0;
+#ifdef DG_L2_EVICT_FIRST_B
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
+}
+__device__ __forceinline__ void tma_load_2d_b(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, u64 policy) {
+#ifdef DG_L2_EVICT_FIRST_B
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1, {%3, %4}], [%2], %5;"
+               :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1), "l"(policy) : "memory");
+#else
+  tma_load_2d(dst, desc, bar, c0, c1);
+#endif
+}
 // MCAST: the same box lands at the same shared-memory offset in every CTA of ctaMask, and each CTA's
 // mbarrier at offset `bar` receives the complete_tx of its copy.
 __device__ __forceinline__ void tma_load_2d_mcast(u32 dst, const TmaDesc* desc, u32 bar, int c0, int c1, unsigned short mask) {
@@ -423,6 +441,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
       Scheduler<KIND, BM, NU_ALL, MCAST> sched(M, num_groups, grouped);
       int m_blk, n_blk, g;
       u32 it = 0;
+      const u64 pol_b = l2_policy_b();
       while (sched.next(m_blk, n_blk, g)) {
         int kb_lo = 0, kb_hi = KB;  // SPLITK: this unit's slice of the K blocks
         if constexpr (SPLITK) {
@@ -456,7 +475,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
             const int r = (int)(blockIdx.x & 1);
             tma_load_2d_mcast(sB + s * B_BYTES + r * B_HALF, &tma_b, full, kb * KEL, b_row + r * (BN / 2), 3);
           } else {
-            tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row);
+            tma_load_2d_b(sB + s * B_BYTES, &tma_b, full, kb * KEL, b_row, pol_b);
           }
           if (FP8 && !SFA_ROWS) tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BM, sf_y0 + kb);
         }

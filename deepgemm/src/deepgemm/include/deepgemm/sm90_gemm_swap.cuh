@@ -70,6 +70,7 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
     // producer warpgroup: one thread streams the K blocks of every tile of this CTA
     if (warp == 4 && lane == 0) {
       u32 it = 0;
+      const u64 pol_b = l2_policy_b();
       while (sched.next(m_blk, n_blk, g)) {
         const int a_row = (KIND == kMasked ? g * M : 0) + m_blk * BMS;
         const int b_row = (KIND == kDense ? 0 : g * N) + n_blk * 64;
@@ -79,7 +80,7 @@ __device__ __forceinline__ void gemm_swap_body(const TmaDesc& tma_a, const TmaDe
           const u32 full = bars + 8 * s, empty = bars + 8 * (STAGES + s);
           mbar_wait(empty, ph ^ 1);
           mbar_expect_tx(full, a_box_rows * 128 + B_BYTES + sfa_box * 4);
-          tma_load_2d(sB + s * B_BYTES, &tma_b, full, kb * 128, b_row);
+          tma_load_2d_b(sB + s * B_BYTES, &tma_b, full, kb * 128, b_row, pol_b);
           tma_load_2d(sA + s * A_BYTES, &tma_a, full, kb * 128, a_row);
           tma_load_2d(sSFA + s * SFA_BYTES, &tma_sfa, full, m_blk * BMS, sf_y0 + kb);
         }

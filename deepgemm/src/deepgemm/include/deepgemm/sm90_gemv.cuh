@@ -79,11 +79,12 @@ __device__ __forceinline__ void gemv_body(const TmaDesc& tma_a, const TmaDesc& t
   __syncwarp();
 
   const u32 tx = Plan::kB + Plan::kA + (M + 3) / 4 * 16;  // A's box: 8 * MT rows; its scales' box: M rounded up to 4
+  const u64 pol_b = l2_policy_b();
   auto fill = [&](int i) {  // lane 0: block kb_lo + i into stage i % STAGES
     const int s = i % STAGES, kb = kb_lo + i;
     const u32 full = bars + 8 * s;
     mbar_expect_tx(full, tx);
-    tma_load_2d(base + (ring + s) * Plan::kB, &tma_b, full, kb * 128, n0);
+    tma_load_2d_b(base + (ring + s) * Plan::kB, &tma_b, full, kb * 128, n0, pol_b);
     tma_load_2d(base + Plan::kOffA + (ring + s) * Plan::kA, &tma_a, full, kb * 128, 0);
     tma_load_2d(base + Plan::kOffSFA + (ring + s) * Plan::kSFA, &tma_sfa, full, 0, kb);
   };
