@@ -164,11 +164,6 @@ __device__ __forceinline__ uint32_t lds32u(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ float lds32f(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
-  return v;
-}
 // 2^k as a float from its biased exponent field k << 23 (k in [1, 253])
 __device__ __forceinline__ uint32_t pow2_field_ceil(float x) {  // the least 2^k >= x (x >= 0 finite; 1 for x = 0)
   if (!(x > 0.f)) return 127u << 23;
@@ -676,7 +671,7 @@ __device__ __forceinline__ void rf_v_request(const DecodeArgs& a, const RfCta<NR
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int key = 16 * ks + 2 * cq + (u & 1) + 8 * (u >> 1);
-        sc[ks][u] = key < valid ? lds32f(pg + key * RF_TOKEN + D_V + 4 * w4) : 0.f;
+        sc[ks][u] = key < valid ? __uint_as_float(lds32u(pg + key * RF_TOKEN + D_V + 4 * w4)) : 0.f;
         mx = fmaxf(mx, sc[ks][u]);
       }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
