@@ -21,6 +21,10 @@ from .chunk import (ChecksumError, ChunkEngine, VersionError, crc32c, crc32c_sum
 from .common import MgmtdClient, setup_logging
 from .routing import Routing
 
+# a successor's refusals that no retry changes: the version is dropped on the way back up the chain (as fastpath.cpp's
+# refused_for_good)
+REFUSED_FOR_GOOD = ("ENOSPC", "EINVAL", "EFBIG")
+
 
 class _ChunkLock:
     """`with node.locks((tid, cid)):` - the per-chunk lock, in the table of the C++ data path
@@ -265,7 +269,7 @@ class StorageNode:
                     nm = eng.update(cid, ver, chain["ver"], off, d, trunc)
                     self._forward(chain, tid, cid, ver, off, trunc, d, nm["pending_crc"])
             except rpc.RpcError as e:
-                if e.code in ("ENOSPC", "EINVAL", "EFBIG"):
+                if e.code in REFUSED_FOR_GOOD:
                     eng.abort(cid, ver)  # refused downstream for good: nothing was applied
                 raise
             except ConnectionError as e:
@@ -307,7 +311,7 @@ class StorageNode:
                     self._apply(tid, chain, cid, ver, off, trunc, data, crc, full, sums)
                     self._forward(chain, tid, cid, ver, off, trunc, data, crc)
             except rpc.RpcError as e:
-                if e.code in ("ENOSPC", "EINVAL", "EFBIG"):
+                if e.code in REFUSED_FOR_GOOD:
                     self.engines[tid].abort(cid, ver)  # refused downstream for good: drop it here too
                 raise
             except ConnectionError as e:
