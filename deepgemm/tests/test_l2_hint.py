@@ -24,13 +24,29 @@ def _cfg(n, k, m, hint="1", kind="dense", groups=1):
 def test_parsing_and_default(monkeypatch):
     monkeypatch.delenv("DEEPGEMM_L2_HINT", raising=False)
     d = torch.empty(1, 1, dtype=torch.bfloat16)
-    assert kernels.L2_HINT_DEFAULT == "0"
-    assert kernels.make_config("dense", True, d, None, 4096, 7168, 64, 1).l2b == 0
+    assert kernels.L2_HINT_DEFAULT == "auto"
+    assert kernels.make_config("dense", True, d, None, 4096, 7168, 4096, 1).l2b == 0
     monkeypatch.setenv("DEEPGEMM_L2_HINT", "1")
-    assert kernels.make_config("dense", True, d, None, 4096, 7168, 64, 1).l2b == 1
-    for bad in ("2", "on", "", "auto"):
+    assert kernels.make_config("dense", True, d, None, 4096, 7168, 4096, 1).l2b == 1
+    monkeypatch.setenv("DEEPGEMM_L2_HINT", "0")
+    assert kernels.make_config("dense", True, d, None, 4096, 7168, 64, 1).l2b == 0
+    for bad in ("2", "on", "", "AUTO"):
         with pytest.raises(ValueError, match="DEEPGEMM_L2_HINT"):
             _cfg(4096, 7168, 64, bad)
+
+
+def test_auto_hints_where_one_m_block_reads_b():
+    """auto: on wherever M fits one M block (small-M kernel, swap-AB, split-K, 64- and 128-row tiles, masked with
+    expected_m <= BM), off at two or more M blocks and for the contiguous layout (each group's B read by its M blocks)."""
+    for m in (1, 8, 16, 37, 64, 100, 128):
+        for n, k in NK:
+            cfg = _cfg(n, k, m, "auto")
+            assert cfg.l2b == (m <= cfg.bm) and (cfg.l2b or m > 64), (m, n, k, cfg)
+    assert _cfg(4096, 7168, 64, "auto", "masked", 8).l2b == 1
+    for m in (256, 1000, 4096):
+        assert _cfg(7168, 16384, m, "auto").l2b == 0
+    assert _cfg(4096, 7168, 8192, "auto", "contiguous", 8).l2b == 0
+    assert _cfg(4096, 7168, 128, "auto", "contiguous", 1).l2b == 0
 
 
 def test_source_only_differs_by_the_define():

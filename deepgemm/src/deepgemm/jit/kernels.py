@@ -118,10 +118,11 @@ GEMV_WARPS = 8  # kGemvWarps in sm90_gemv.cuh
 SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
 SFA_ONCE_MIN_KB = 32
-# DEEPGEMM_L2_HINT=1 (tuning, off by default): B's TMA boxes carry an L2 evict_first hint in every kernel, so that B, read
-# once at small M, leaves the L2 before what is read again (A, the scales, split-K's partials). flashmla's page loads
-# gained 1.02-1.04x so at batch 64 (its BENCHMARKS.md, session 39); not yet measured here.
-L2_HINT_DEFAULT = "0"
+# DEEPGEMM_L2_HINT=0|1|auto: B's TMA boxes carry an L2 evict_first hint, so that B leaves the L2 before what is read
+# again (A, the scales, split-K's partials). "auto" (default): where one M block reads each B tile (M <= BM, not grouped-
+# contiguous). H200 (BENCHMARKS.md run 36, best of 3): M <= 128 dense 0.98-1.09x (geo 1.03), masked 1.02-1.04x; but
+# 0.95x at 4096 x 7168 x 16384, where each B tile is read by 32 M blocks.
+L2_HINT_DEFAULT = "auto"
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -510,9 +511,10 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
                      gemv_stages(mt, k, ks), gemv=mt, gemv_ks=ks)
     if pdl_env not in ("0", "1"):
         raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
-    if l2_hint_env not in ("0", "1"):
-        raise ValueError(f"DEEPGEMM_L2_HINT: expected 0 or 1, got {l2_hint_env!r}")
-    return replace(cfg, pdl=int(pdl_env), l2b=int(l2_hint_env))
+    if l2_hint_env not in ("0", "1", "auto"):
+        raise ValueError(f"DEEPGEMM_L2_HINT: expected 0, 1 or auto, got {l2_hint_env!r}")
+    read_once = kind != "contiguous" and m_hint <= cfg.bm
+    return replace(cfg, pdl=int(pdl_env), l2b=int(l2_hint_env == "1" or (l2_hint_env == "auto" and read_once)))
 
 
 def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
