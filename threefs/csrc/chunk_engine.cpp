@@ -577,15 +577,23 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
   std::vector<uint32_t> table(nblocks(len), 0);
   uint32_t crc = crc32c_blocks(data, len, table.data());
   ChunkMeta m;
-  {
+  const uint64_t claim = file_bytes(len);  // claimed at the check, as update() does, so that concurrent syncs
+  {                                        // of other chunks cannot all pass it and overfill the target
     std::lock_guard<std::mutex> g(mu_);
     auto it = chunks_.find(id);
     if (it != chunks_.end()) m = it->second;
     uint64_t old = (m.committed_ver ? file_bytes(m.size) : 0);
-    if (used_ - old + file_bytes(len) > capacity_)
-      throw IoError(ENOSPC, "no space left on the storage target");
+    if (used_ - old + claim > capacity_)
+      throw IoError(ENOSPC, "no space left on the storage target (capacity " + std::to_string(capacity_) + " bytes)");
+    used_ += claim;
   }
-  write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc, &table);
+  try {
+    write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc, &table);
+  } catch (...) {
+    std::lock_guard<std::mutex> g(mu_);
+    used_ -= claim;
+    throw;
+  }
   std::lock_guard<std::mutex> g(mu_);
   if (m.pending_ver) recycle_locked(chunk_path(id, true));
   ChunkMeta& cur = chunks_[id];
@@ -597,7 +605,6 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
   cur.crc = crc;
   cur.pending_ver = 0;
   cur.pending_size = cur.pending_crc = 0;
-  used_ += file_bytes(len);
   return cur;
 }
 

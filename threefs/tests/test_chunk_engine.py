@@ -200,6 +200,38 @@ def test_reserve_takes_the_space_before_the_write(tmp_path):
     assert e.read(a) == b"q" * 1000 and e.used_bytes() == held
 
 
+def test_concurrent_replace_committed_never_overfills(tmp_path):
+    """replace_committed (a sync's full-chunk copy) claims its bytes at the capacity check: of 16 threads replacing
+    16 different chunks at once on a target with room for 5, at most 5 succeed, the rest get ENOSPC, and the count
+    of used bytes is the files that exist (a check-then-count had let all 16 pass the check)."""
+    import threading
+    data = os.urandom(20_000)
+    probe = ChunkEngine(tmp_path / "probe", max_chunk_size=CS)
+    probe.replace_committed(chunk_id(1, 0), 1, 1, data)
+    fb = probe.used_bytes()
+    e = ChunkEngine(tmp_path / "t", "full", capacity_bytes=5 * fb + fb // 2, max_chunk_size=CS)
+    start, ok, refused = threading.Barrier(16), [], []
+
+    def one(i):
+        start.wait()
+        try:
+            e.replace_committed(chunk_id(3, i), 7, 1, data)
+            ok.append(i)
+        except OSError as err:
+            assert err.errno == 28
+            refused.append(i)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ok) == 5 and len(refused) == 11, (ok, refused)
+    assert e.used_bytes() == 5 * fb
+    assert all(e.read(chunk_id(3, i)) == data for i in ok)
+    assert all(e.meta(chunk_id(3, i)) is None for i in refused)
+    assert ChunkEngine(tmp_path / "t", capacity_bytes=5 * fb + fb // 2, max_chunk_size=CS).used_bytes() == 5 * fb
+
+
 @pytest.mark.parametrize("point,expect_new", [
     ("after_data_write", False), ("after_pending_rename", False),
     ("before_commit_rename", False), ("after_commit_rename", True)])
