@@ -35,15 +35,15 @@ def test_parsing_and_default(monkeypatch):
             _cfg(4096, 7168, 64, bad)
 
 
-def test_auto_hints_where_one_m_block_reads_b():
-    """auto: on wherever M fits one M block (small-M kernel, swap-AB, split-K, 64- and 128-row tiles, masked with
-    expected_m <= BM), off at two or more M blocks and for the contiguous layout (each group's B read by its M blocks)."""
+def test_auto_hints_where_b_is_read_in_one_wave():
+    """auto: on at M <= 128 (small-M kernel, swap-AB, split-K, 64- and 128-row tiles, masked with expected_m <= 128),
+    off above it and for the contiguous layout (each group's B read by its M blocks over several waves)."""
     for m in (1, 8, 16, 37, 64, 100, 128):
         for n, k in NK:
-            cfg = _cfg(n, k, m, "auto")
-            assert cfg.l2b == (m <= cfg.bm) and (cfg.l2b or m > 64), (m, n, k, cfg)
+            assert _cfg(n, k, m, "auto").l2b == 1, (m, n, k)
     assert _cfg(4096, 7168, 64, "auto", "masked", 8).l2b == 1
-    for m in (256, 1000, 4096):
+    assert _cfg(4096, 7168, 256, "auto", "masked", 8).l2b == 0
+    for m in (129, 256, 1000, 4096):
         assert _cfg(7168, 16384, m, "auto").l2b == 0
     assert _cfg(4096, 7168, 8192, "auto", "contiguous", 8).l2b == 0
     assert _cfg(4096, 7168, 128, "auto", "contiguous", 1).l2b == 0

@@ -119,10 +119,11 @@ SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
 SFA_ONCE_MIN_KB = 32
 # DEEPGEMM_L2_HINT=0|1|auto: B's TMA boxes carry an L2 evict_first hint, so that B leaves the L2 before what is read
-# again (A, the scales, split-K's partials). "auto" (default): where one M block reads each B tile (M <= BM, not grouped-
-# contiguous). H200 (BENCHMARKS.md run 36, best of 3): M <= 128 dense 0.98-1.09x (geo 1.03), masked 1.02-1.04x; but
-# 0.95x at 4096 x 7168 x 16384, where each B tile is read by 32 M blocks.
+# again (A, the scales, split-K's partials). "auto" (default): at M <= L2_HINT_MAX_M or M <= BM (one M block, or two
+# in the same wave, read each B tile), not for the grouped-contiguous layout. H200 (BENCHMARKS.md runs 36-37, best of
+# 3): M <= 128 dense 0.98-1.09x (geo 1.03), masked 1.02-1.04x; M = 256-1024 0.98-0.99x, 4096 x 7168 x 16384 0.95x.
 L2_HINT_DEFAULT = "auto"
+L2_HINT_MAX_M = 128
 # DEEPGEMM_BLOCKS="BMxBN" forces the block sizes (tuning: scripts/tune_blocks.py); unset: the cost model.
 SMEM_LIMIT = 232448  # max dynamic shared memory per block on sm_90
 KINDS = {"dense": 0, "contiguous": 1, "masked": 2}
@@ -513,7 +514,7 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
     if l2_hint_env not in ("0", "1", "auto"):
         raise ValueError(f"DEEPGEMM_L2_HINT: expected 0, 1 or auto, got {l2_hint_env!r}")
-    read_once = kind != "contiguous" and m_hint <= cfg.bm
+    read_once = kind != "contiguous" and m_hint <= max(cfg.bm, L2_HINT_MAX_M)
     return replace(cfg, pdl=int(pdl_env), l2b=int(l2_hint_env == "1" or (l2_hint_env == "auto" and read_once)))
 
 
