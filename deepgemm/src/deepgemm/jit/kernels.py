@@ -119,8 +119,8 @@ SFA_ONCE_DEFAULT = "auto"
 SFA_ONCE_MIN_STAGES = 8
 SFA_ONCE_MIN_KB = 32
 # DEEPGEMM_L2_HINT=0|1|auto: B's TMA boxes carry an L2 evict_first hint, so that B leaves the L2 before what is read
-# again (A, the scales, split-K's partials). "auto" (default): at M <= L2_HINT_MAX_M or M <= BM (one M block, or two
-# in the same wave, read each B tile), not for the grouped-contiguous layout. H200 (BENCHMARKS.md runs 36-37, best of
+# again (A, the scales, split-K's partials). "auto" (default): at M <= L2_HINT_MAX_M (one M block, or two in the same
+# wave, read each B tile), not for the grouped-contiguous layout. H200 (BENCHMARKS.md runs 36-37, best of
 # 3): M <= 128 dense 0.98-1.09x (geo 1.03), masked 1.02-1.04x; M = 256-1024 0.98-0.99x, 4096 x 7168 x 16384 0.95x.
 L2_HINT_DEFAULT = "auto"
 L2_HINT_MAX_M = 128
@@ -514,8 +514,8 @@ def _make_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi
         raise ValueError(f"DEEPGEMM_PDL: expected 0 or 1, got {pdl_env!r}")
     if l2_hint_env not in ("0", "1", "auto"):
         raise ValueError(f"DEEPGEMM_L2_HINT: expected 0, 1 or auto, got {l2_hint_env!r}")
-    read_once = kind != "contiguous" and m_hint <= max(cfg.bm, L2_HINT_MAX_M)
-    return replace(cfg, pdl=int(pdl_env), l2b=int(l2_hint_env == "1" or (l2_hint_env == "auto" and read_once)))
+    b_read_in_one_wave = kind != "contiguous" and m_hint <= L2_HINT_MAX_M
+    return replace(cfg, pdl=int(pdl_env), l2b=int(l2_hint_env == "1" or (l2_hint_env == "auto" and b_read_in_one_wave)))
 
 
 def _choose_config(kind, fp8, d_dtype, c_dtype, n, k, m_hint, groups, num_sms, epi_env, ksplit_env,
