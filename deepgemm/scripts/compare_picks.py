@@ -20,7 +20,7 @@ import torch
 from tune_blocks import measure as time_layout  # (this script's folder is on sys.path)
 
 KNOBS = ("DEEPGEMM_BLOCKS", "DEEPGEMM_SPLIT_K", "DEEPGEMM_GEMV", "DEEPGEMM_MULTICAST", "DEEPGEMM_PIPE", "DEEPGEMM_KSPLIT",
-         "DEEPGEMM_PEEL", "DEEPGEMM_STAGES", "DEEPGEMM_SFA_ONCE", "DEEPGEMM_PDL",
+         "DEEPGEMM_PEEL", "DEEPGEMM_STAGES", "DEEPGEMM_SFA_ONCE", "DEEPGEMM_PDL", "DEEPGEMM_MIN_SMS",
          "DEEPGEMM_L2_HINT")
 
 
