@@ -815,13 +815,21 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     valid_rows<KIND>(grouped, g, M, limit, row_off);
     const int row_wg = m_blk * BM + wrow * 64;  // first row of this warpgroup's 64
     const int col_t = n_blk * BN;
+    // contiguous: bit r set when row row_wg + r is below M and in a group (padding rows, m_indices < 0, are not
+    // written); m_indices read once per tile, not once per stored chunk (each store then waited for its load)
+    unsigned long long grp_rows = ~0ull;
+    if constexpr (KIND == kContiguous) {
+      const bool ok0 = row_wg + lane < limit && grouped[row_wg + lane] >= 0;
+      const bool ok1 = row_wg + 32 + lane < limit && grouped[row_wg + 32 + lane] >= 0;
+      grp_rows = __ballot_sync(~0u, ok0) | (unsigned long long)__ballot_sync(~0u, ok1) << 32;
+    }
     auto store_direct = [&]() {  // each thread its own elements, straight to global memory
       const int col0 = col_t + (lane % 4) * 2;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = row_wg + r_in_wg + half * 8;
         if (r >= limit) continue;
-        if (KIND == kContiguous && grouped[r] < 0) continue;
+        if (KIND == kContiguous && !(grp_rows >> (r_in_wg + half * 8) & 1)) continue;
         const long long off = (row_off + r) * (long long)N;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
@@ -845,8 +853,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
     bool whole_box = true;
     if constexpr (TSTORE && KIND != kDense) {
       whole_box = row_wg + 64 <= limit;
-      if (KIND == kContiguous && whole_box)
-        whole_box = __all_sync(~0u, grouped[row_wg + lane] >= 0 && grouped[row_wg + 32 + lane] >= 0);
+      if (KIND == kContiguous) whole_box = grp_rows == ~0ull;
     }
     if (TSTORE && !whole_box) {
       store_direct();
@@ -910,7 +917,7 @@ __device__ __forceinline__ void gemm_body(const TmaDesc& tma_a, const TmaDesc& t
           const int r = idx / CH, ch = idx - r * CH;
           const int row = row_wg + r, col = col_t + cp0 + ch * 8;
           if (row >= limit || col >= N) continue;
-          if (KIND == kContiguous && grouped[row] < 0) continue;
+          if (KIND == kContiguous && !(grp_rows >> r & 1)) continue;
           const Vec16 v = *reinterpret_cast<const Vec16*>(buf + r * P + ch * 16);
           *reinterpret_cast<Vec16*>(reinterpret_cast<unsigned short*>(d_ptr) + (row_off + row) * (long long)N + col) = v;
         }
