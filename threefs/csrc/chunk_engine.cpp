@@ -485,10 +485,7 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
     std::lock_guard<std::mutex> g(mu_);
     uint64_t old_pending = m.pending_ver ? file_bytes(m.pending_size) : 0;
     used_ -= take_reserved_locked(id);
-    if (used_ - old_pending + claim > capacity_)
-      throw IoError(ENOSPC, "no space left on the storage target (capacity " +
-                                std::to_string(capacity_) + " bytes)");
-    used_ += claim;
+    claim_locked(old_pending, claim);
   }
   try {
     write_file(chunk_path(id, true), ver, chain_ver, parts, new_size, crc,
@@ -510,6 +507,12 @@ ChunkMeta ChunkEngine::update(const std::string& id, uint64_t ver, uint64_t chai
   return cur;
 }
 
+void ChunkEngine::claim_locked(uint64_t freed, uint64_t claim) {
+  if (used_ - freed + claim > capacity_)
+    throw IoError(ENOSPC, "no space left on the storage target (capacity " + std::to_string(capacity_) + " bytes)");
+  used_ += claim;
+}
+
 uint64_t ChunkEngine::take_reserved_locked(const std::string& id) {
   auto it = reserved_.find(id);
   if (it == reserved_.end()) return 0;
@@ -524,9 +527,7 @@ void ChunkEngine::reserve(const std::string& id, uint64_t new_size) {
   auto it = chunks_.find(id);
   uint64_t old_pending = it != chunks_.end() && it->second.pending_ver ? file_bytes(it->second.pending_size) : 0;
   const uint64_t claim = file_bytes(new_size);
-  if (used_ - old_pending + claim > capacity_)
-    throw IoError(ENOSPC, "no space left on the storage target (capacity " + std::to_string(capacity_) + " bytes)");
-  used_ += claim;
+  claim_locked(old_pending, claim);
   reserved_[id] = claim;
 }
 
@@ -583,9 +584,7 @@ ChunkMeta ChunkEngine::replace_committed(const std::string& id, uint64_t ver, ui
     auto it = chunks_.find(id);
     if (it != chunks_.end()) m = it->second;
     uint64_t old = (m.committed_ver ? file_bytes(m.size) : 0);
-    if (used_ - old + claim > capacity_)
-      throw IoError(ENOSPC, "no space left on the storage target (capacity " + std::to_string(capacity_) + " bytes)");
-    used_ += claim;
+    claim_locked(old, claim);
   }
   try {
     write_file(chunk_path(id, false), ver, chain_ver, {{data, len}}, len, crc, &table);

@@ -157,6 +157,8 @@ class ChunkEngine {
   std::map<std::string, uint64_t> reserved_;  // reserve()d bytes per chunk, counted in used_
   uint64_t used_ = 0;
   uint64_t take_reserved_locked(const std::string& id);  // a chunk's reservation, out of used_ and the map
+  // count `claim` new bytes in used_ where `freed` counted bytes are about to go; IoError ENOSPC if they do not fit
+  void claim_locked(uint64_t freed, uint64_t claim);
 };
 
 }  // namespace threefs
