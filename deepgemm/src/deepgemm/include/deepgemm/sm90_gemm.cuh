@@ -54,8 +54,9 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* desc, u32 ba
                " [%0], [%1, {%3, %4}], [%2];"
                :: "r"(dst), "l"(reinterpret_cast<u64>(desc)), "r"(bar), "r"(c0), "r"(c1) : "memory");
 }
-// B's boxes: under DG_L2_EVICT_FIRST_B (DEEPGEMM_L2_HINT=1, defined by the JIT) with an L2 evict_first hint, so that
-// B, read once at small M, leaves the L2 before what is read again (A, the scales, split-K's partials); else plain
+// B's boxes: under DG_L2_EVICT_FIRST_B (defined by the JIT where DEEPGEMM_L2_HINT asks: by default at M <= 128) with
+// an L2 evict_first hint, so that B, read once at small M, leaves the L2 before what is read again (A, the scales,
+// split-K's partials); else plain
 __device__ __forceinline__ u64 l2_policy_b() {
   u64 p = 0;
 #ifdef DG_L2_EVICT_FIRST_B
